@@ -1,0 +1,34 @@
+//! `torus-bench`: micro-benchmarks of torusnet, each reported against a baseline measured
+//! in the same run.
+
+use clap::{Parser, Subcommand};
+
+mod route;
+
+#[derive(Parser)]
+#[command(
+    name = "torus-bench",
+    version,
+    about = "Benchmarks of torusnet with same-run baselines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Next-hop queries against a cached route table, after view changes, vs. a fresh search.
+    Route(route::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Route(a) => route::run(&a),
+    };
+    if let Err(e) = result {
+        eprintln!("torus-bench: {e}");
+        std::process::exit(2);
+    }
+}

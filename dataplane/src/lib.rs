@@ -1,0 +1,4 @@
+//! The torusnet dataplane: the XDP program that steers torus frames into AF_XDP sockets,
+//! and (as it grows) the sockets, pollers and runtime of `torusd`.
+
+pub mod xdp_object;

@@ -1,0 +1,342 @@
+//! Shortest-path routing over the live links of a link-state view (SPEC-keyspace.md,
+//! "Shortest-path routing").
+//!
+//! A [`LinkView`] says which servers and links are up. A [`RouteTable`] is one server's
+//! answer to "which of my links lead closer to D?" for every D, computed once per view
+//! change so that the per-frame query is one table load.
+
+use crate::keyspace;
+use crate::topology::{Coord, Dims, Dir, DirSet};
+
+/// Why a view or route table could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RoutingError {
+    /// Per-server tables would not fit in memory for a torus this large.
+    #[error("a {0} torus has too many servers for routing tables (at most {MAX_SERVERS})")]
+    TooLarge(Dims),
+    /// The coordinate does not lie inside the torus.
+    #[error("coordinate {0} is outside the torus")]
+    OutOfRange(Coord),
+}
+
+/// Largest torus (in servers) that a view can describe: 2^24, far above any rack.
+pub const MAX_SERVERS: u64 = 1 << 24;
+
+/// Distance meaning "unreachable" in distance tables.
+pub const UNREACHABLE: u32 = u32::MAX;
+
+/// A link-state view of the whole torus: which servers are up and which links are live.
+///
+/// Links are undirected: a link is live only when both of its ends say so and both
+/// servers are up, so the view is symmetric by construction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkView {
+    dims: Dims,
+    /// Per server: bit d set when the link in direction d is live.
+    live: Vec<u8>,
+    /// Per server: whether it is up.
+    up: Vec<bool>,
+}
+
+impl LinkView {
+    /// A view of `dims` with every server up and every link live.
+    pub fn all_up(dims: Dims) -> Result<LinkView, RoutingError> {
+        if dims.count() > MAX_SERVERS {
+            return Err(RoutingError::TooLarge(dims));
+        }
+        let n = dims.count() as usize;
+        Ok(LinkView {
+            dims,
+            live: vec![dims.link_dirs().bits(); n],
+            up: vec![true; n],
+        })
+    }
+
+    /// The torus this view describes.
+    pub fn dims(&self) -> Dims {
+        self.dims
+    }
+
+    fn idx(&self, c: Coord) -> Result<usize, RoutingError> {
+        if self.dims.contains(c) {
+            Ok(self.dims.index(c))
+        } else {
+            Err(RoutingError::OutOfRange(c))
+        }
+    }
+
+    /// Marks the link from `c` along `dir` (and so the same link seen from the other end)
+    /// live or down. Links along an axis of size 1 do not exist and stay down.
+    pub fn set_link(&mut self, c: Coord, dir: Dir, live: bool) -> Result<(), RoutingError> {
+        let a = self.idx(c)?;
+        if !self.dims.has_links(dir) {
+            return Ok(());
+        }
+        let b = self.dims.index(self.dims.neighbor(c, dir));
+        let (ba, bb) = (1u8 << dir.index(), 1u8 << dir.opposite().index());
+        if live {
+            self.live[a] |= ba;
+            self.live[b] |= bb;
+        } else {
+            self.live[a] &= !ba;
+            self.live[b] &= !bb;
+        }
+        Ok(())
+    }
+
+    /// Marks server `c` up or down. A down server is unreachable and relays nothing; its
+    /// links keep their own state, so they are usable again as soon as it comes back.
+    pub fn set_server(&mut self, c: Coord, up: bool) -> Result<(), RoutingError> {
+        let i = self.idx(c)?;
+        self.up[i] = up;
+        Ok(())
+    }
+
+    /// Whether server `c` is up (false outside the torus).
+    pub fn is_up(&self, c: Coord) -> bool {
+        self.idx(c).map(|i| self.up[i]).unwrap_or(false)
+    }
+
+    /// The live links of server `c`: those marked live whose both ends are up.
+    pub fn live_dirs(&self, c: Coord) -> DirSet {
+        let Ok(i) = self.idx(c) else {
+            return DirSet::EMPTY;
+        };
+        self.live_dirs_at(i)
+    }
+
+    fn live_dirs_at(&self, i: usize) -> DirSet {
+        if !self.up[i] {
+            return DirSet::EMPTY;
+        }
+        let c = self.dims.coord(i);
+        DirSet::from_bits(self.live[i])
+            .iter()
+            .filter(|d| self.up[self.dims.index(self.dims.neighbor(c, *d))])
+            .collect()
+    }
+
+    /// Hop counts from `from` to every server over live links, indexed densely
+    /// ([`Dims::index`]); [`UNREACHABLE`] where there is no path. All unreachable when
+    /// `from` itself is down.
+    pub fn distances_from(&self, from: Coord) -> Result<Vec<u32>, RoutingError> {
+        let mut dist = Vec::new();
+        let mut queue = Vec::new();
+        self.bfs(self.idx(from)?, &mut dist, &mut queue);
+        Ok(dist)
+    }
+
+    /// Breadth-first search from dense index `src` into `dist`, reusing `queue`.
+    fn bfs(&self, src: usize, dist: &mut Vec<u32>, queue: &mut Vec<u32>) {
+        dist.clear();
+        dist.resize(self.up.len(), UNREACHABLE);
+        queue.clear();
+        if !self.up[src] {
+            return;
+        }
+        dist[src] = 0;
+        queue.push(src as u32);
+        let mut head = 0;
+        while let Some(&i) = queue.get(head) {
+            head += 1;
+            let i = i as usize;
+            let c = self.dims.coord(i);
+            let next = dist[i] + 1;
+            for d in self.live_dirs_at(i).iter() {
+                let j = self.dims.index(self.dims.neighbor(c, d));
+                if dist[j] == UNREACHABLE {
+                    dist[j] = next;
+                    queue.push(j as u32);
+                }
+            }
+        }
+    }
+
+    /// The next-hop set from `from` towards `to` and the distance, computed directly (one
+    /// search from `to`). For repeated queries from one server use a [`RouteTable`].
+    pub fn route(&self, from: Coord, to: Coord) -> Result<(Option<u32>, DirSet), RoutingError> {
+        let fi = self.idx(from)?;
+        let dist = self.distances_from(to)?;
+        let d = dist[fi];
+        if d == UNREACHABLE {
+            return Ok((None, DirSet::EMPTY));
+        }
+        let hops = self
+            .live_dirs_at(fi)
+            .iter()
+            .filter(|dir| {
+                let n = self.dims.index(self.dims.neighbor(from, *dir));
+                d > 0 && dist[n] == d - 1
+            })
+            .collect();
+        Ok((Some(d), hops))
+    }
+}
+
+/// One server's routing table under one view: distance and next-hop set towards every
+/// server, so that a query is a single indexed load.
+#[derive(Debug, Clone)]
+pub struct RouteTable {
+    dims: Dims,
+    local: Coord,
+    dist: Vec<u32>,
+    hops: Vec<DirSet>,
+    scratch_dist: Vec<u32>,
+    scratch_queue: Vec<u32>,
+}
+
+impl RouteTable {
+    /// The table of server `local` under `view`.
+    pub fn new(view: &LinkView, local: Coord) -> Result<RouteTable, RoutingError> {
+        view.idx(local)?;
+        let mut t = RouteTable {
+            dims: view.dims,
+            local,
+            dist: Vec::new(),
+            hops: Vec::new(),
+            scratch_dist: Vec::new(),
+            scratch_queue: Vec::new(),
+        };
+        t.absorb(view);
+        Ok(t)
+    }
+
+    /// Recomputes the table for a changed view of the same torus: one search from this
+    /// server and one from each distinct live neighbour.
+    pub fn absorb(&mut self, view: &LinkView) {
+        debug_assert_eq!(view.dims, self.dims);
+        let n = self.dims.count() as usize;
+        let li = self.dims.index(self.local);
+        view.bfs(li, &mut self.dist, &mut self.scratch_queue);
+        self.hops.clear();
+        self.hops.resize(n, DirSet::EMPTY);
+        let live = view.live_dirs_at(li);
+        let mut done = DirSet::EMPTY;
+        for dir in live.iter() {
+            if done.contains(dir) {
+                continue;
+            }
+            let nb = self.dims.neighbor(self.local, dir);
+            // In a torus of size 2 along an axis, +a and -a reach the same neighbour.
+            let same: DirSet = live
+                .iter()
+                .filter(|d| self.dims.neighbor(self.local, *d) == nb)
+                .collect();
+            done = DirSet::from_bits(done.bits() | same.bits());
+            view.bfs(
+                self.dims.index(nb),
+                &mut self.scratch_dist,
+                &mut self.scratch_queue,
+            );
+            for ((h, &d), &dn) in self.hops.iter_mut().zip(&self.dist).zip(&self.scratch_dist) {
+                if d != UNREACHABLE && d > 0 && dn == d - 1 {
+                    *h = DirSet::from_bits(h.bits() | same.bits());
+                }
+            }
+        }
+    }
+
+    /// The server this table belongs to.
+    pub fn local(&self) -> Coord {
+        self.local
+    }
+
+    /// The torus this table routes in.
+    pub fn dims(&self) -> Dims {
+        self.dims
+    }
+
+    /// Links of this server that lie on a shortest path to `dst`: empty when `dst` is
+    /// unreachable, outside the torus, or this server itself.
+    #[inline]
+    pub fn next_hops(&self, dst: Coord) -> DirSet {
+        if !self.dims.contains(dst) {
+            return DirSet::EMPTY;
+        }
+        self.hops[self.dims.index(dst)]
+    }
+
+    /// Hop count to `dst` over live links, `None` when unreachable.
+    #[inline]
+    pub fn distance(&self, dst: Coord) -> Option<u32> {
+        if !self.dims.contains(dst) {
+            return None;
+        }
+        let d = self.dist[self.dims.index(dst)];
+        (d != UNREACHABLE).then_some(d)
+    }
+
+    /// Whether `dst` is reachable from this server in the absorbed view.
+    #[inline]
+    pub fn is_reachable(&self, dst: Coord) -> bool {
+        self.distance(dst).is_some()
+    }
+
+    /// The root of routing key `k` in this server's view.
+    #[inline]
+    pub fn key_root(&self, routing_key: u64) -> Option<Coord> {
+        keyspace::root(self.dims, routing_key, |c| self.is_reachable(c))
+    }
+
+    /// Where a frame for routing key `k` goes from here: its root and the next-hop set
+    /// towards it (empty when the root is this server or there is none).
+    #[inline]
+    pub fn route_key(&self, routing_key: u64) -> Option<(Coord, DirSet)> {
+        let root = self.key_root(routing_key)?;
+        Some((root, self.next_hops(root)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_hops_in_a_full_torus() {
+        let dims = Dims::new(4, 4, 4).unwrap();
+        let view = LinkView::all_up(dims).unwrap();
+        let t = RouteTable::new(&view, Coord::new(0, 0, 0)).unwrap();
+        assert_eq!(t.distance(Coord::new(2, 1, 3)), Some(4));
+        let want: DirSet = [Dir::PlusX, Dir::MinusX, Dir::PlusY, Dir::MinusZ]
+            .into_iter()
+            .collect();
+        assert_eq!(t.next_hops(Coord::new(2, 1, 3)), want);
+        assert_eq!(t.next_hops(Coord::new(0, 0, 0)), DirSet::EMPTY);
+        assert_eq!(t.distance(Coord::new(0, 0, 0)), Some(0));
+        assert_eq!(
+            view.route(Coord::new(0, 0, 0), Coord::new(2, 1, 3))
+                .unwrap(),
+            (Some(4), want)
+        );
+    }
+
+    #[test]
+    fn failures_reroute_and_isolate() {
+        let dims = Dims::new(3, 1, 1).unwrap();
+        let mut view = LinkView::all_up(dims).unwrap();
+        let a = Coord::new(0, 0, 0);
+        let b = Coord::new(1, 0, 0);
+        view.set_link(a, Dir::PlusX, false).unwrap();
+        let t = RouteTable::new(&view, a).unwrap();
+        assert_eq!(t.distance(b), Some(2));
+        assert_eq!(t.next_hops(b), DirSet::EMPTY.with(Dir::MinusX));
+        view.set_server(Coord::new(2, 0, 0), false).unwrap();
+        let t = RouteTable::new(&view, a).unwrap();
+        assert_eq!(t.distance(b), None);
+        assert!(t.next_hops(b).is_empty());
+        assert!(!view.is_up(Coord::new(2, 0, 0)));
+    }
+
+    #[test]
+    fn size_two_axis_has_two_links_to_one_neighbour() {
+        let dims = Dims::new(2, 1, 1).unwrap();
+        let mut view = LinkView::all_up(dims).unwrap();
+        let a = Coord::new(0, 0, 0);
+        let b = Coord::new(1, 0, 0);
+        let t = RouteTable::new(&view, a).unwrap();
+        assert_eq!(t.next_hops(b).len(), 2);
+        view.set_link(a, Dir::PlusX, false).unwrap();
+        let t = RouteTable::new(&view, a).unwrap();
+        assert_eq!(t.next_hops(b), DirSet::EMPTY.with(Dir::MinusX));
+    }
+}

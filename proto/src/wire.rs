@@ -1,0 +1,807 @@
+//! The torus frame format (docs/wire.md): an Ethernet header, a fixed 48-byte torus
+//! header, and a payload that is either one message (or one fragment of one) or, in
+//! aggregated frames, many small messages each behind a 6-byte message header.
+//!
+//! Every field sits at a fixed offset so the dataplane reads what it needs without
+//! parsing the rest. [`FrameView`] is a checked, zero-copy view over untrusted bytes;
+//! [`Header`] is the parsed meaning, which [`Header::emit`] writes back. Nothing here
+//! allocates, and no input makes it panic.
+
+use crate::topology::Coord;
+
+/// EtherType of torus data frames (redirected to AF_XDP by the XDP program).
+pub const ETHERTYPE_DATA: u16 = 0x88B5;
+/// EtherType of torus control frames (passed to the kernel, read by the control process).
+pub const ETHERTYPE_CONTROL: u16 = 0x88B6;
+/// The only header version this code speaks.
+pub const VERSION: u8 = 1;
+/// Bytes of the Ethernet header (no VLAN tag: torus links are point-to-point).
+pub const ETH_LEN: usize = 14;
+/// Bytes of the torus header.
+pub const TORUS_LEN: usize = 48;
+/// Bytes before the payload: Ethernet plus torus header.
+pub const HEADERS_LEN: usize = ETH_LEN + TORUS_LEN;
+/// Bytes of the per-message header inside an aggregated frame.
+pub const MSG_HEADER_LEN: usize = 6;
+/// Default hop budget of a new frame; a 3D torus of 65535 per axis has diameter 98301, but
+/// real deployments are far smaller and a looping frame must die quickly.
+pub const DEFAULT_TTL: u8 = 64;
+
+/// Byte offsets of the torus header's fields, from the start of the Ethernet frame.
+pub mod offset {
+    use super::ETH_LEN;
+    /// EtherType, u16.
+    pub const ETHERTYPE: usize = 12;
+    /// Header version, u8.
+    pub const VERSION: usize = ETH_LEN;
+    /// Frame kind, u8.
+    pub const KIND: usize = ETH_LEN + 1;
+    /// Flags, u16.
+    pub const FLAGS: usize = ETH_LEN + 2;
+    /// Remaining hop budget, u8.
+    pub const TTL: usize = ETH_LEN + 4;
+    /// Hops travelled so far, u8.
+    pub const HOPS: usize = ETH_LEN + 5;
+    /// Service id, u16.
+    pub const SERVICE: usize = ETH_LEN + 6;
+    /// Source coordinate, 3 x u16.
+    pub const SRC: usize = ETH_LEN + 8;
+    /// Payload length, u16.
+    pub const PAYLOAD_LEN: usize = ETH_LEN + 14;
+    /// Destination: a coordinate (3 x u16 + u16 zero) or a routing key (u64).
+    pub const DST: usize = ETH_LEN + 16;
+    /// Connection id, u32.
+    pub const CONN: usize = ETH_LEN + 24;
+    /// Sequence number, u32.
+    pub const SEQ: usize = ETH_LEN + 28;
+    /// Cumulative acknowledgement (next sequence expected), u32.
+    pub const ACK: usize = ETH_LEN + 32;
+    /// Fragment index within a reliable message, u32.
+    pub const FRAG: usize = ETH_LEN + 36;
+    /// Selective-ack bitmap, u64: bit i set = frame `ack + 1 + i` was received.
+    pub const SACK: usize = ETH_LEN + 40;
+}
+
+/// Why bytes were refused as a torus frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Fewer bytes than the headers need.
+    #[error("frame truncated: {have} bytes, headers need {need}")]
+    Truncated {
+        /// Bytes present.
+        have: usize,
+        /// Bytes needed.
+        need: usize,
+    },
+    /// Not one of the torus EtherTypes.
+    #[error("not a torus frame: EtherType {0:#06x}")]
+    EtherType(u16),
+    /// A header version this code does not speak.
+    #[error("unsupported torus header version {0}")]
+    Version(u8),
+    /// A frame kind this code does not know.
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    /// Flag bits that are reserved in this version.
+    #[error("reserved flag bits set: {0:#06x}")]
+    ReservedFlags(u16),
+    /// The payload length field claims more bytes than the frame holds.
+    #[error("payload length {claimed} exceeds the {have} bytes after the headers")]
+    PayloadLength {
+        /// Length the header claims.
+        claimed: usize,
+        /// Bytes actually after the headers.
+        have: usize,
+    },
+    /// A coordinate destination with a non-zero padding field.
+    #[error("coordinate destination has non-zero padding")]
+    DstPadding,
+    /// An aggregated message header that runs past the end of the payload.
+    #[error("aggregated message at offset {at} runs past the payload ({len} bytes)")]
+    MessageOverrun {
+        /// Offset of the message header within the payload.
+        at: usize,
+        /// Payload length.
+        len: usize,
+    },
+    /// An aggregated message header with reserved bits set.
+    #[error("aggregated message at offset {0} has reserved bits set")]
+    MessageReserved(usize),
+    /// A buffer too small to emit into.
+    #[error("buffer of {have} bytes cannot hold {need}")]
+    BufferTooSmall {
+        /// Bytes available.
+        have: usize,
+        /// Bytes needed.
+        need: usize,
+    },
+}
+
+/// What a frame is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// Application data: one message, one fragment, or many aggregated messages.
+    Data = 0,
+    /// A pure acknowledgement (cumulative ack plus selective bitmap).
+    Ack = 1,
+    /// A negative acknowledgement: the receiver saw a gap; `ack` is the first missing
+    /// frame and the bitmap says which later ones did arrive.
+    Nack = 2,
+    /// An in-band control message between dataplanes.
+    Control = 3,
+}
+
+impl Kind {
+    /// The kind numbered `v`.
+    pub fn from_u8(v: u8) -> Result<Kind, WireError> {
+        match v {
+            0 => Ok(Kind::Data),
+            1 => Ok(Kind::Ack),
+            2 => Ok(Kind::Nack),
+            3 => Ok(Kind::Control),
+            other => Err(WireError::Kind(other)),
+        }
+    }
+}
+
+/// Frame flag bits (the torus header's `flags` field).
+pub mod flags {
+    /// Backward fence: deliver only after every earlier message of the connection.
+    pub const BWD_FENCE: u16 = 1 << 0;
+    /// Forward fence: deliver no later message of the connection before this one.
+    pub const FWD_FENCE: u16 = 1 << 1;
+    /// The payload is a sequence of messages, each behind a message header.
+    pub const AGGREGATED: u16 = 1 << 2;
+    /// The destination field is a 64-bit routing key, not a coordinate.
+    pub const KEY_ROUTED: u16 = 1 << 3;
+    /// The frame belongs to a reliable connection (sequence numbers are meaningful).
+    pub const RELIABLE: u16 = 1 << 4;
+    /// First fragment of a reliable message.
+    pub const FRAG_FIRST: u16 = 1 << 5;
+    /// Last fragment of a reliable message.
+    pub const FRAG_LAST: u16 = 1 << 6;
+    /// The `ack` field carries a cumulative acknowledgement (piggybacked on data).
+    pub const ACK_VALID: u16 = 1 << 7;
+    /// The `sack` field carries a selective-ack bitmap.
+    pub const SACK_VALID: u16 = 1 << 8;
+    /// Services on the path ask to see this frame at every hop.
+    pub const INTERCEPT: u16 = 1 << 9;
+    /// This frame is a retransmission (for counters and traces only).
+    pub const RETRANSMIT: u16 = 1 << 10;
+    /// Every bit this version defines.
+    pub const KNOWN: u16 = (1 << 11) - 1;
+}
+
+/// Per-message flag bits inside an aggregated frame.
+pub mod msg_flags {
+    /// Backward fence for this message.
+    pub const BWD_FENCE: u8 = 1 << 0;
+    /// Forward fence for this message.
+    pub const FWD_FENCE: u8 = 1 << 1;
+    /// Every bit this version defines.
+    pub const KNOWN: u8 = 0b11;
+}
+
+/// Where a frame is going: a server, or whichever server roots a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dest {
+    /// A server by coordinate.
+    Server(Coord),
+    /// The root of a routing key, re-evaluated at every hop.
+    Key(u64),
+}
+
+/// The parsed torus header: what a frame means, independent of its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Header {
+    /// What the frame is for.
+    pub kind: Kind,
+    /// Flag bits ([`flags`]); `KEY_ROUTED` is derived from `dst` when emitting.
+    pub flags: u16,
+    /// Remaining hop budget.
+    pub ttl: u8,
+    /// Hops travelled so far.
+    pub hops: u8,
+    /// The service the payload is for (for aggregated frames, each message says its own).
+    pub service: u16,
+    /// The server that sent the frame.
+    pub src: Coord,
+    /// Where it is going.
+    pub dst: Dest,
+    /// Connection id within the (src, dst) pair.
+    pub conn: u32,
+    /// Sequence number of this frame in its connection.
+    pub seq: u32,
+    /// Cumulative acknowledgement: the next sequence number the sender expects.
+    pub ack: u32,
+    /// Index of this frame's fragment within its reliable message.
+    pub frag: u32,
+    /// Selective-ack bitmap: bit i = frame `ack + 1 + i` received.
+    pub sack: u64,
+    /// Payload bytes after the headers.
+    pub payload_len: u16,
+}
+
+impl Header {
+    /// A header with everything zero but kind, source, destination and a fresh TTL.
+    pub fn new(kind: Kind, src: Coord, dst: Dest) -> Header {
+        Header {
+            kind,
+            flags: 0,
+            ttl: DEFAULT_TTL,
+            hops: 0,
+            service: 0,
+            src,
+            dst,
+            conn: 0,
+            seq: 0,
+            ack: 0,
+            frag: 0,
+            sack: 0,
+            payload_len: 0,
+        }
+    }
+
+    /// Parses a checked view.
+    pub fn parse(v: &FrameView<'_>) -> Result<Header, WireError> {
+        let kind = Kind::from_u8(v.kind_raw())?;
+        let flags = v.flags();
+        let dst = if flags & flags::KEY_ROUTED != 0 {
+            Dest::Key(v.u64_at(offset::DST))
+        } else {
+            if v.u16_at(offset::DST + 6) != 0 {
+                return Err(WireError::DstPadding);
+            }
+            Dest::Server(v.coord_at(offset::DST))
+        };
+        Ok(Header {
+            kind,
+            flags,
+            ttl: v.ttl(),
+            hops: v.hops(),
+            service: v.service(),
+            src: v.src(),
+            dst,
+            conn: v.conn(),
+            seq: v.seq(),
+            ack: v.ack(),
+            frag: v.frag(),
+            sack: v.sack(),
+            payload_len: v.payload_len() as u16,
+        })
+    }
+
+    /// Writes the torus header into `buf[ETH_LEN..HEADERS_LEN]` and the EtherType by kind
+    /// (control frames go to the kernel's control process, everything else to AF_XDP); the
+    /// MAC addresses are left to [`emit_eth`].
+    pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
+        if buf.len() < HEADERS_LEN {
+            return Err(WireError::BufferTooSmall {
+                have: buf.len(),
+                need: HEADERS_LEN,
+            });
+        }
+        let ethertype = if self.kind == Kind::Control {
+            ETHERTYPE_CONTROL
+        } else {
+            ETHERTYPE_DATA
+        };
+        buf[offset::ETHERTYPE..offset::ETHERTYPE + 2].copy_from_slice(&ethertype.to_be_bytes());
+        buf[offset::VERSION] = VERSION;
+        buf[offset::KIND] = self.kind as u8;
+        let mut fl = self.flags & !flags::KEY_ROUTED;
+        match self.dst {
+            Dest::Key(k) => {
+                fl |= flags::KEY_ROUTED;
+                put(buf, offset::DST, &k.to_be_bytes());
+            }
+            Dest::Server(c) => {
+                put_coord(buf, offset::DST, c);
+                put(buf, offset::DST + 6, &[0, 0]);
+            }
+        }
+        put(buf, offset::FLAGS, &fl.to_be_bytes());
+        buf[offset::TTL] = self.ttl;
+        buf[offset::HOPS] = self.hops;
+        put(buf, offset::SERVICE, &self.service.to_be_bytes());
+        put_coord(buf, offset::SRC, self.src);
+        put(buf, offset::PAYLOAD_LEN, &self.payload_len.to_be_bytes());
+        put(buf, offset::CONN, &self.conn.to_be_bytes());
+        put(buf, offset::SEQ, &self.seq.to_be_bytes());
+        put(buf, offset::ACK, &self.ack.to_be_bytes());
+        put(buf, offset::FRAG, &self.frag.to_be_bytes());
+        put(buf, offset::SACK, &self.sack.to_be_bytes());
+        Ok(())
+    }
+
+    /// Whether a flag bit is set.
+    pub fn has(&self, flag: u16) -> bool {
+        self.flags & flag != 0
+    }
+}
+
+fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
+    buf[at..at + bytes.len()].copy_from_slice(bytes);
+}
+
+fn put_coord(buf: &mut [u8], at: usize, c: Coord) {
+    put(buf, at, &c.x.to_be_bytes());
+    put(buf, at + 2, &c.y.to_be_bytes());
+    put(buf, at + 4, &c.z.to_be_bytes());
+}
+
+/// Writes an Ethernet header's addresses (the EtherType is written by [`Header::emit`]).
+pub fn emit_eth(buf: &mut [u8], dst_mac: [u8; 6], src_mac: [u8; 6]) -> Result<(), WireError> {
+    if buf.len() < ETH_LEN {
+        return Err(WireError::BufferTooSmall {
+            have: buf.len(),
+            need: ETH_LEN,
+        });
+    }
+    put(buf, 0, &dst_mac);
+    put(buf, 6, &src_mac);
+    Ok(())
+}
+
+/// A checked, zero-copy view of a torus data frame: after [`FrameView::new_checked`] every
+/// fixed-offset accessor is in bounds and the payload length is consistent.
+#[derive(Debug, Clone, Copy)]
+pub struct FrameView<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> FrameView<'a> {
+    /// Checks that `buf` holds a torus frame of a known version whose payload fits.
+    /// Trailing bytes beyond the payload (Ethernet padding) are allowed and ignored.
+    pub fn new_checked(buf: &'a [u8]) -> Result<FrameView<'a>, WireError> {
+        if buf.len() < HEADERS_LEN {
+            return Err(WireError::Truncated {
+                have: buf.len(),
+                need: HEADERS_LEN,
+            });
+        }
+        let v = FrameView { buf };
+        let et = v.ethertype();
+        if et != ETHERTYPE_DATA && et != ETHERTYPE_CONTROL {
+            return Err(WireError::EtherType(et));
+        }
+        if v.version() != VERSION {
+            return Err(WireError::Version(v.version()));
+        }
+        Kind::from_u8(v.kind_raw())?;
+        let reserved = v.flags() & !flags::KNOWN;
+        if reserved != 0 {
+            return Err(WireError::ReservedFlags(reserved));
+        }
+        let have = buf.len() - HEADERS_LEN;
+        let claimed = v.payload_len();
+        if claimed > have {
+            return Err(WireError::PayloadLength { claimed, have });
+        }
+        Ok(v)
+    }
+
+    fn u16_at(&self, at: usize) -> u16 {
+        u16::from_be_bytes([self.buf[at], self.buf[at + 1]])
+    }
+    fn u32_at(&self, at: usize) -> u32 {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&self.buf[at..at + 4]);
+        u32::from_be_bytes(b)
+    }
+    fn u64_at(&self, at: usize) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.buf[at..at + 8]);
+        u64::from_be_bytes(b)
+    }
+    fn coord_at(&self, at: usize) -> Coord {
+        Coord::new(self.u16_at(at), self.u16_at(at + 2), self.u16_at(at + 4))
+    }
+
+    /// Destination MAC address.
+    pub fn dst_mac(&self) -> [u8; 6] {
+        let mut m = [0u8; 6];
+        m.copy_from_slice(&self.buf[0..6]);
+        m
+    }
+    /// Source MAC address.
+    pub fn src_mac(&self) -> [u8; 6] {
+        let mut m = [0u8; 6];
+        m.copy_from_slice(&self.buf[6..12]);
+        m
+    }
+    /// The EtherType.
+    pub fn ethertype(&self) -> u16 {
+        self.u16_at(offset::ETHERTYPE)
+    }
+    /// Header version.
+    pub fn version(&self) -> u8 {
+        self.buf[offset::VERSION]
+    }
+    /// Frame kind as a number (checked to be known).
+    pub fn kind_raw(&self) -> u8 {
+        self.buf[offset::KIND]
+    }
+    /// Frame kind.
+    pub fn kind(&self) -> Kind {
+        // new_checked validated it; Data is unreachable as a fallback.
+        Kind::from_u8(self.kind_raw()).unwrap_or(Kind::Data)
+    }
+    /// Flag bits.
+    pub fn flags(&self) -> u16 {
+        self.u16_at(offset::FLAGS)
+    }
+    /// Remaining hop budget.
+    pub fn ttl(&self) -> u8 {
+        self.buf[offset::TTL]
+    }
+    /// Hops travelled.
+    pub fn hops(&self) -> u8 {
+        self.buf[offset::HOPS]
+    }
+    /// Service id.
+    pub fn service(&self) -> u16 {
+        self.u16_at(offset::SERVICE)
+    }
+    /// Source server.
+    pub fn src(&self) -> Coord {
+        self.coord_at(offset::SRC)
+    }
+    /// Destination, read per the `KEY_ROUTED` flag (padding not checked here).
+    pub fn dst(&self) -> Dest {
+        if self.flags() & flags::KEY_ROUTED != 0 {
+            Dest::Key(self.u64_at(offset::DST))
+        } else {
+            Dest::Server(self.coord_at(offset::DST))
+        }
+    }
+    /// Connection id.
+    pub fn conn(&self) -> u32 {
+        self.u32_at(offset::CONN)
+    }
+    /// Sequence number.
+    pub fn seq(&self) -> u32 {
+        self.u32_at(offset::SEQ)
+    }
+    /// Cumulative acknowledgement.
+    pub fn ack(&self) -> u32 {
+        self.u32_at(offset::ACK)
+    }
+    /// Fragment index.
+    pub fn frag(&self) -> u32 {
+        self.u32_at(offset::FRAG)
+    }
+    /// Selective-ack bitmap.
+    pub fn sack(&self) -> u64 {
+        self.u64_at(offset::SACK)
+    }
+    /// Payload length from the header (checked to fit).
+    pub fn payload_len(&self) -> usize {
+        usize::from(self.u16_at(offset::PAYLOAD_LEN))
+    }
+    /// The payload bytes.
+    pub fn payload(&self) -> &'a [u8] {
+        &self.buf[HEADERS_LEN..HEADERS_LEN + self.payload_len()]
+    }
+    /// The messages of an aggregated frame (or of any payload laid out that way).
+    pub fn messages(&self) -> Messages<'a> {
+        Messages::new(self.payload())
+    }
+}
+
+/// Decrements the TTL and increments the hop count of a frame in place, as a forwarding
+/// hop does; `false` (and nothing changed) when the TTL is already spent.
+pub fn forward_hop(buf: &mut [u8]) -> bool {
+    if buf.len() < HEADERS_LEN || buf[offset::TTL] == 0 {
+        return false;
+    }
+    buf[offset::TTL] -= 1;
+    buf[offset::HOPS] = buf[offset::HOPS].saturating_add(1);
+    true
+}
+
+/// One message inside an aggregated payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Message<'a> {
+    /// The service it is for.
+    pub service: u16,
+    /// Per-message flags ([`msg_flags`]).
+    pub flags: u8,
+    /// Its bytes.
+    pub data: &'a [u8],
+}
+
+/// Iterator over the messages of an aggregated payload. Yields an error (once, then stops)
+/// when a message header is malformed, so callers may keep the messages before it.
+#[derive(Debug, Clone)]
+pub struct Messages<'a> {
+    payload: &'a [u8],
+    at: usize,
+    failed: bool,
+}
+
+impl<'a> Messages<'a> {
+    /// Decodes `payload` as a sequence of messages.
+    pub fn new(payload: &'a [u8]) -> Messages<'a> {
+        Messages {
+            payload,
+            at: 0,
+            failed: false,
+        }
+    }
+}
+
+impl<'a> Iterator for Messages<'a> {
+    type Item = Result<Message<'a>, WireError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.at >= self.payload.len() {
+            return None;
+        }
+        let rest = &self.payload[self.at..];
+        let overrun = WireError::MessageOverrun {
+            at: self.at,
+            len: self.payload.len(),
+        };
+        if rest.len() < MSG_HEADER_LEN {
+            self.failed = true;
+            return Some(Err(overrun));
+        }
+        let len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+        let service = u16::from_be_bytes([rest[2], rest[3]]);
+        let fl = rest[4];
+        if fl & !msg_flags::KNOWN != 0 || rest[5] != 0 {
+            self.failed = true;
+            return Some(Err(WireError::MessageReserved(self.at)));
+        }
+        let Some(data) = rest.get(MSG_HEADER_LEN..MSG_HEADER_LEN + len) else {
+            self.failed = true;
+            return Some(Err(overrun));
+        };
+        self.at += MSG_HEADER_LEN + len;
+        Some(Ok(Message {
+            service,
+            flags: fl,
+            data,
+        }))
+    }
+}
+
+/// Appends messages to an aggregated payload buffer, refusing what would not fit.
+#[derive(Debug)]
+pub struct MessageWriter<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+    count: usize,
+}
+
+impl<'a> MessageWriter<'a> {
+    /// A writer filling `buf` (the payload area of a frame) from its start.
+    pub fn new(buf: &'a mut [u8]) -> MessageWriter<'a> {
+        MessageWriter {
+            buf,
+            len: 0,
+            count: 0,
+        }
+    }
+
+    /// Bytes a message of `len` bytes takes in an aggregated payload.
+    pub const fn encoded_len(len: usize) -> usize {
+        MSG_HEADER_LEN + len
+    }
+
+    /// Appends one message; `false` (and nothing written) if it does not fit or is longer
+    /// than a u16 can say.
+    pub fn push(&mut self, service: u16, fl: u8, data: &[u8]) -> bool {
+        let need = MSG_HEADER_LEN + data.len();
+        let Ok(len16) = u16::try_from(data.len()) else {
+            return false;
+        };
+        if self.buf.len() - self.len < need {
+            return false;
+        }
+        let at = self.len;
+        self.buf[at..at + 2].copy_from_slice(&len16.to_be_bytes());
+        self.buf[at + 2..at + 4].copy_from_slice(&service.to_be_bytes());
+        self.buf[at + 4] = fl & msg_flags::KNOWN;
+        self.buf[at + 5] = 0;
+        self.buf[at + MSG_HEADER_LEN..at + need].copy_from_slice(data);
+        self.len += need;
+        self.count += 1;
+        true
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing has been written.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Messages written so far.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+}
+
+/// Runs the parser and the aggregation decoder over arbitrary bytes, checking the
+/// invariants that must hold for every input: no panic, a parsed header re-emits to the
+/// same header bytes, and decoded messages lie inside the payload. The fuzz target and the
+/// seeded tests share it.
+pub fn check_untrusted(data: &[u8]) {
+    let Ok(view) = FrameView::new_checked(data) else {
+        // The decoder must also survive raw payload bytes that never passed a header check.
+        for m in Messages::new(data) {
+            if m.is_err() {
+                break;
+            }
+        }
+        return;
+    };
+    let payload = view.payload();
+    let mut seen = 0usize;
+    for m in view.messages() {
+        match m {
+            Ok(m) => {
+                seen += MSG_HEADER_LEN + m.data.len();
+                assert!(seen <= payload.len(), "message outside payload");
+            }
+            Err(_) => break,
+        }
+    }
+    if let Ok(h) = Header::parse(&view) {
+        let mut out = data.to_vec();
+        h.emit(&mut out).expect("buffer is large enough");
+        // Emit picks the EtherType from the kind; compare the torus header only.
+        assert_eq!(
+            &out[ETH_LEN..HEADERS_LEN],
+            &data[ETH_LEN..HEADERS_LEN],
+            "re-emit differs"
+        );
+        let again = FrameView::new_checked(&out).map(|v| Header::parse(&v));
+        assert!(
+            matches!(again, Ok(Ok(ref h2)) if *h2 == h),
+            "round trip differs"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(h: &Header, payload: &[u8]) -> Vec<u8> {
+        let mut buf = vec![0u8; HEADERS_LEN + payload.len()];
+        emit_eth(&mut buf, [2; 6], [4; 6]).unwrap();
+        let h = Header {
+            payload_len: payload.len() as u16,
+            ..*h
+        };
+        h.emit(&mut buf).unwrap();
+        buf[HEADERS_LEN..].copy_from_slice(payload);
+        buf
+    }
+
+    #[test]
+    fn header_round_trip() {
+        let mut h = Header::new(
+            Kind::Data,
+            Coord::new(1, 2, 3),
+            Dest::Key(0x0123_4567_89ab_cdef),
+        );
+        h.flags = flags::RELIABLE | flags::BWD_FENCE | flags::ACK_VALID;
+        h.service = 7;
+        h.conn = 9;
+        h.seq = 0xfffffff0;
+        h.ack = 17;
+        h.frag = 3;
+        h.sack = 0xa5;
+        let buf = frame(&h, b"hello");
+        let v = FrameView::new_checked(&buf).unwrap();
+        let p = Header::parse(&v).unwrap();
+        assert_eq!(p.flags, h.flags | flags::KEY_ROUTED);
+        assert_eq!(p.dst, h.dst);
+        assert_eq!(
+            (p.seq, p.ack, p.frag, p.sack, p.conn),
+            (h.seq, h.ack, 3, 0xa5, 9)
+        );
+        assert_eq!(v.payload(), b"hello");
+        assert_eq!(v.src_mac(), [4; 6]);
+        check_untrusted(&buf);
+
+        let h2 = Header::new(
+            Kind::Nack,
+            Coord::new(0, 0, 0),
+            Dest::Server(Coord::new(9, 8, 7)),
+        );
+        let buf = frame(&h2, &[]);
+        let p = Header::parse(&FrameView::new_checked(&buf).unwrap()).unwrap();
+        assert_eq!(p.dst, Dest::Server(Coord::new(9, 8, 7)));
+        assert_eq!(p.kind, Kind::Nack);
+    }
+
+    #[test]
+    fn refuses_bad_frames() {
+        let h = Header::new(Kind::Data, Coord::default(), Dest::Server(Coord::default()));
+        let good = frame(&h, b"abc");
+        assert!(matches!(
+            FrameView::new_checked(&good[..HEADERS_LEN - 1]),
+            Err(WireError::Truncated { .. })
+        ));
+        let mut b = good.clone();
+        b[12] = 0x08;
+        b[13] = 0x00;
+        assert_eq!(
+            FrameView::new_checked(&b).unwrap_err(),
+            WireError::EtherType(0x0800)
+        );
+        let mut b = good.clone();
+        b[offset::VERSION] = 2;
+        assert_eq!(
+            FrameView::new_checked(&b).unwrap_err(),
+            WireError::Version(2)
+        );
+        let mut b = good.clone();
+        b[offset::KIND] = 9;
+        assert_eq!(FrameView::new_checked(&b).unwrap_err(), WireError::Kind(9));
+        let mut b = good.clone();
+        b[offset::FLAGS] = 0x80;
+        assert!(matches!(
+            FrameView::new_checked(&b),
+            Err(WireError::ReservedFlags(_))
+        ));
+        let mut b = good.clone();
+        b[offset::PAYLOAD_LEN + 1] = 4;
+        assert!(matches!(
+            FrameView::new_checked(&b),
+            Err(WireError::PayloadLength { .. })
+        ));
+        let mut b = good;
+        b[offset::DST + 7] = 1;
+        let v = FrameView::new_checked(&b).unwrap();
+        assert_eq!(Header::parse(&v).unwrap_err(), WireError::DstPadding);
+    }
+
+    #[test]
+    fn aggregation_round_trip_and_errors() {
+        let mut payload = [0u8; 64];
+        let mut w = MessageWriter::new(&mut payload);
+        assert!(w.push(1, msg_flags::BWD_FENCE, b"one"));
+        assert!(w.push(2, 0, b""));
+        assert!(w.push(3, msg_flags::FWD_FENCE, &[7u8; 40]));
+        assert!(!w.push(4, 0, &[0u8; 10]), "must refuse what does not fit");
+        let (len, count) = (w.len(), w.count());
+        assert_eq!(count, 3);
+        let msgs: Vec<Message<'_>> = Messages::new(&payload[..len]).map(|m| m.unwrap()).collect();
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(
+            (msgs[0].service, msgs[0].flags, msgs[0].data),
+            (1, 1, &b"one"[..])
+        );
+        assert_eq!(msgs[2].data, &[7u8; 40][..]);
+        // Truncation inside the third message: the first two survive, then one error.
+        let out: Vec<_> = Messages::new(&payload[..len - 1]).collect();
+        assert_eq!(out.len(), 3);
+        assert!(out[2].is_err());
+        let mut bad = payload;
+        bad[5] = 1;
+        assert_eq!(
+            Messages::new(&bad[..len]).next().unwrap().unwrap_err(),
+            WireError::MessageReserved(0)
+        );
+    }
+
+    #[test]
+    fn forward_hop_spends_ttl() {
+        let mut h = Header::new(Kind::Data, Coord::default(), Dest::Server(Coord::default()));
+        h.ttl = 1;
+        let mut b = frame(&h, b"");
+        assert!(forward_hop(&mut b));
+        assert_eq!((b[offset::TTL], b[offset::HOPS]), (0, 1));
+        assert!(!forward_hop(&mut b));
+        assert!(!forward_hop(&mut [0u8; 3]));
+    }
+}

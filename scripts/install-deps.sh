@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the system packages torusnet builds and runs with, only those missing
+# (idempotent; runs apt-get update at most once). Needs root on a Debian-like machine.
+set -euo pipefail
+
+PACKAGES=(
+  clang llvm          # compiles the XDP program (ebpf/) to BPF bytecode
+  libelf-dev m4 zlib1g-dev pkg-config   # libxdp/libbpf, built from source by xsk-rs
+  iproute2 ethtool    # namespaces, veth pairs, link settings in scripts and tests
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: need root to install ${missing[*]} (run with sudo)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! command -v cargo >/dev/null; then
+  echo "install-deps: cargo not found; install a Rust toolchain (1.95 stable)" >&2
+  exit 1
+fi
