@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: (MIT OR Apache-2.0) AND GPL-2.0
+// SPDX-License-Identifier: MIT OR GPL-2.0
 // The torusnet XDP program: steers torus data frames into the link's AF_XDP sockets.
 //
 // Data frames (EtherType 0x88B5) go to the XSKMAP slot of the RX queue they arrived on;

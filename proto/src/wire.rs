@@ -669,6 +669,22 @@ pub fn check_untrusted(data: &[u8]) {
     }
 }
 
+/// Runs the aggregation decoder over arbitrary bytes and checks that what it accepts
+/// re-encodes, through [`MessageWriter`], to exactly the bytes it consumed. Shared by the
+/// fuzz target and the seeded tests.
+pub fn check_untrusted_messages(data: &[u8]) {
+    let mut out = vec![0u8; data.len()];
+    let mut w = MessageWriter::new(&mut out);
+    for m in Messages::new(data) {
+        match m {
+            Ok(m) => assert!(w.push(m.service, m.flags, m.data), "re-encode refused"),
+            Err(_) => break,
+        }
+    }
+    let n = w.len();
+    assert_eq!(&out[..n], &data[..n], "re-encoded messages differ");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,8 +120,8 @@ pub fn bfs(adj: &HashMap<C, Vec<(usize, C)>>, src: C, down: &HashSet<C>) -> Hash
     while let Some(s) = q.pop_front() {
         let ds = dist[&s];
         for &(_, n) in &adj[&s] {
-            if !dist.contains_key(&n) {
-                dist.insert(n, ds + 1);
+            if let std::collections::hash_map::Entry::Vacant(e) = dist.entry(n) {
+                e.insert(ds + 1);
                 q.push_back(n);
             }
         }
