@@ -24,8 +24,8 @@ def frame(kind, flags, payload, key=None):
         flags |= 1 << 3
     hdr = struct.pack(">BBHBBH", 1, kind, flags, 64, 0, 9)
     hdr += struct.pack(">HHH", 0, 1, 2) + struct.pack(">H", len(payload)) + dst
-    hdr += struct.pack(">IIIIQ", 5, 100, 90, 0, 0xF0F0)
-    assert len(hdr) == 48
+    hdr += struct.pack(">IIIIIIQ", 5, 100, 90, 7, 0, 0, 0xF0F0)
+    assert len(hdr) == 56
     return eth + hdr + payload
 
 

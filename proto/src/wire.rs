@@ -1,4 +1,4 @@
-//! The torus frame format (docs/wire.md): an Ethernet header, a fixed 48-byte torus
+//! The torus frame format (docs/wire.md): an Ethernet header, a fixed 56-byte torus
 //! header, and a payload that is either one message (or one fragment of one) or, in
 //! aggregated frames, many small messages each behind a 6-byte message header.
 //!
@@ -18,7 +18,7 @@ pub const VERSION: u8 = 1;
 /// Bytes of the Ethernet header (no VLAN tag: torus links are point-to-point).
 pub const ETH_LEN: usize = 14;
 /// Bytes of the torus header.
-pub const TORUS_LEN: usize = 48;
+pub const TORUS_LEN: usize = 56;
 /// Bytes before the payload: Ethernet plus torus header.
 pub const HEADERS_LEN: usize = ETH_LEN + TORUS_LEN;
 /// Bytes of the per-message header inside an aggregated frame.
@@ -56,10 +56,15 @@ pub mod offset {
     pub const SEQ: usize = ETH_LEN + 28;
     /// Cumulative acknowledgement (next sequence expected), u32.
     pub const ACK: usize = ETH_LEN + 32;
+    /// Message number of the frame's (first) message in its connection, u32.
+    pub const MSN: usize = ETH_LEN + 36;
     /// Fragment index within a reliable message, u32.
-    pub const FRAG: usize = ETH_LEN + 36;
+    pub const FRAG: usize = ETH_LEN + 40;
+    /// Distance back, in message numbers, to the latest forward-fenced message before the
+    /// frame's first message (0: none), u32.
+    pub const FENCE: usize = ETH_LEN + 44;
     /// Selective-ack bitmap, u64: bit i set = frame `ack + 1 + i` was received.
-    pub const SACK: usize = ETH_LEN + 40;
+    pub const SACK: usize = ETH_LEN + 48;
 }
 
 /// Why bytes were refused as a torus frame.
@@ -215,8 +220,13 @@ pub struct Header {
     pub seq: u32,
     /// Cumulative acknowledgement: the next sequence number the sender expects.
     pub ack: u32,
+    /// Message number of this frame's (first) message; aggregated messages follow it
+    /// consecutively.
+    pub msn: u32,
     /// Index of this frame's fragment within its reliable message.
     pub frag: u32,
+    /// `msn` minus the number of the latest forward-fenced message before it (0: none).
+    pub fence: u32,
     /// Selective-ack bitmap: bit i = frame `ack + 1 + i` received.
     pub sack: u64,
     /// Payload bytes after the headers.
@@ -237,7 +247,9 @@ impl Header {
             conn: 0,
             seq: 0,
             ack: 0,
+            msn: 0,
             frag: 0,
+            fence: 0,
             sack: 0,
             payload_len: 0,
         }
@@ -266,7 +278,9 @@ impl Header {
             conn: v.conn(),
             seq: v.seq(),
             ack: v.ack(),
+            msn: v.msn(),
             frag: v.frag(),
+            fence: v.fence(),
             sack: v.sack(),
             payload_len: v.payload_len() as u16,
         })
@@ -310,7 +324,9 @@ impl Header {
         put(buf, offset::CONN, &self.conn.to_be_bytes());
         put(buf, offset::SEQ, &self.seq.to_be_bytes());
         put(buf, offset::ACK, &self.ack.to_be_bytes());
+        put(buf, offset::MSN, &self.msn.to_be_bytes());
         put(buf, offset::FRAG, &self.frag.to_be_bytes());
+        put(buf, offset::FENCE, &self.fence.to_be_bytes());
         put(buf, offset::SACK, &self.sack.to_be_bytes());
         Ok(())
     }
@@ -468,9 +484,17 @@ impl<'a> FrameView<'a> {
     pub fn ack(&self) -> u32 {
         self.u32_at(offset::ACK)
     }
+    /// Message number of the frame's first message.
+    pub fn msn(&self) -> u32 {
+        self.u32_at(offset::MSN)
+    }
     /// Fragment index.
     pub fn frag(&self) -> u32 {
         self.u32_at(offset::FRAG)
+    }
+    /// Distance back to the latest forward-fenced message (0: none).
+    pub fn fence(&self) -> u32 {
+        self.u32_at(offset::FENCE)
     }
     /// Selective-ack bitmap.
     pub fn sack(&self) -> u64 {
