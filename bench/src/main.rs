@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod route;
+mod transport;
 
 #[derive(Parser)]
 #[command(
@@ -20,12 +21,15 @@ struct Cli {
 enum Cmd {
     /// Next-hop queries against a cached route table, after view changes, vs. a fresh search.
     Route(route::Args),
+    /// The transport core over the deterministic lossy multi-link harness (JSON).
+    Transport(transport::Args),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Route(a) => route::run(&a),
+        Cmd::Transport(a) => transport::run(&a),
     };
     if let Err(e) = result {
         eprintln!("torus-bench: {e}");

@@ -4,10 +4,13 @@
 //! its own. Time comes in as an argument and frames come in as bytes, so the same code runs
 //! under the AF_XDP dataplane, the in-memory test links, the simulator and the fuzzers.
 
+pub mod harness;
 pub mod keyspace;
 pub mod rng;
 pub mod routing;
+pub mod time;
 pub mod topology;
+pub mod transport;
 pub mod wire;
 
 pub use keyspace::{Key, KeyPlacement};

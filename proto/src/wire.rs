@@ -591,6 +591,15 @@ impl<'a> Iterator for Messages<'a> {
     }
 }
 
+/// Writes a message header (length, service, flags) at the start of `buf`, which must hold
+/// at least [`MSG_HEADER_LEN`] bytes.
+pub fn write_msg_header(buf: &mut [u8], len: u16, service: u16, fl: u8) {
+    buf[0..2].copy_from_slice(&len.to_be_bytes());
+    buf[2..4].copy_from_slice(&service.to_be_bytes());
+    buf[4] = fl & msg_flags::KNOWN;
+    buf[5] = 0;
+}
+
 /// Appends messages to an aggregated payload buffer, refusing what would not fit.
 #[derive(Debug)]
 pub struct MessageWriter<'a> {
@@ -625,10 +634,7 @@ impl<'a> MessageWriter<'a> {
             return false;
         }
         let at = self.len;
-        self.buf[at..at + 2].copy_from_slice(&len16.to_be_bytes());
-        self.buf[at + 2..at + 4].copy_from_slice(&service.to_be_bytes());
-        self.buf[at + 4] = fl & msg_flags::KNOWN;
-        self.buf[at + 5] = 0;
+        write_msg_header(&mut self.buf[at..at + need], len16, service, fl);
         self.buf[at + MSG_HEADER_LEN..at + need].copy_from_slice(data);
         self.len += need;
         self.count += 1;

@@ -1,0 +1,254 @@
+//! Per-service outbound queues, polled in turn (weighted round robin, a frame per turn) when
+//! a link has room, as CamCube's runtime does: a service that floods the node gets its share
+//! and no more, and each queue is bounded, so a full one answers "would block".
+
+use std::collections::{HashMap, VecDeque};
+
+use super::delivery::Fences;
+use crate::time::Time;
+use crate::topology::Coord;
+
+/// A message waiting in a service queue (its bytes sit in the queue's byte ring).
+#[derive(Debug, Clone, Copy)]
+pub struct Queued {
+    /// The server it goes to.
+    pub dest: Coord,
+    /// Its length in bytes.
+    pub len: u32,
+    /// Reliable (windowed, acknowledged) or short (best effort, one frame).
+    pub reliable: bool,
+    /// Its fences (reliable messages only).
+    pub fences: Fences,
+    /// When it was queued (for the aggregation deadline).
+    pub enqueued: Time,
+    /// Bytes already sent as fragments.
+    pub sent: u32,
+    /// Message number, once its first fragment is framed.
+    pub msn: Option<u64>,
+    /// The forward-fenced message it must wait for, fixed with its message number.
+    pub wait_for: Option<u64>,
+}
+
+/// One service's queue.
+#[derive(Debug)]
+pub struct ServiceQueue {
+    /// The service id.
+    pub service: u16,
+    weight: u32,
+    limit: usize,
+    meta: VecDeque<Queued>,
+    bytes: VecDeque<u8>,
+}
+
+impl ServiceQueue {
+    /// The message at the head, if any.
+    pub fn head(&self) -> Option<&Queued> {
+        self.meta.front()
+    }
+
+    /// The message at the head, to record fragmentation progress.
+    pub fn head_mut(&mut self) -> Option<&mut Queued> {
+        self.meta.front_mut()
+    }
+
+    /// The waiting messages, head first.
+    pub fn iter(&self) -> impl Iterator<Item = &Queued> {
+        self.meta.iter()
+    }
+
+    /// Messages waiting.
+    pub fn len(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// Whether no message waits.
+    pub fn is_empty(&self) -> bool {
+        self.meta.is_empty()
+    }
+
+    /// Copies the next `out.len()` unsent bytes of the head message into `out` and drops them
+    /// from the queue; pops the head when all of it has been taken.
+    pub fn take(&mut self, out: &mut [u8]) {
+        let n = out.len();
+        let (a, b) = self.bytes.as_slices();
+        if n <= a.len() {
+            out.copy_from_slice(&a[..n]);
+        } else {
+            out[..a.len()].copy_from_slice(a);
+            out[a.len()..].copy_from_slice(&b[..n - a.len()]);
+        }
+        self.bytes.drain(..n);
+        if let Some(h) = self.meta.front_mut() {
+            h.sent += n as u32;
+            if h.sent >= h.len {
+                self.meta.pop_front();
+            }
+        }
+    }
+}
+
+/// Why a message was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Full;
+
+/// The set of service queues with a weighted round-robin cursor.
+#[derive(Debug)]
+pub struct FairQueue {
+    queues: Vec<ServiceQueue>,
+    index: HashMap<u16, usize>,
+    cursor: usize,
+    turns_left: u32,
+    default_limit: usize,
+}
+
+impl FairQueue {
+    /// No services yet; a service first seen gets weight 1 and `default_limit` bytes.
+    pub fn new(default_limit: usize) -> FairQueue {
+        FairQueue {
+            queues: Vec::new(),
+            index: HashMap::new(),
+            cursor: 0,
+            turns_left: 1,
+            default_limit,
+        }
+    }
+
+    /// Sets a service's weight (frames per turn, at least 1) and queue limit in bytes.
+    pub fn configure(&mut self, service: u16, weight: u32, limit: usize) {
+        let i = self.slot(service);
+        self.queues[i].weight = weight.max(1);
+        self.queues[i].limit = limit;
+    }
+
+    fn slot(&mut self, service: u16) -> usize {
+        if let Some(&i) = self.index.get(&service) {
+            return i;
+        }
+        self.queues.push(ServiceQueue {
+            service,
+            weight: 1,
+            limit: self.default_limit,
+            meta: VecDeque::new(),
+            bytes: VecDeque::new(),
+        });
+        let i = self.queues.len() - 1;
+        self.index.insert(service, i);
+        i
+    }
+
+    /// Queues a message, or refuses it when the service's queue would exceed its limit (an
+    /// empty queue always takes one message, so large messages are never refused forever).
+    pub fn push(&mut self, service: u16, q: Queued, data: &[u8]) -> Result<(), Full> {
+        let i = self.slot(service);
+        let sq = &mut self.queues[i];
+        if !sq.meta.is_empty() && sq.bytes.len() + data.len() > sq.limit {
+            return Err(Full);
+        }
+        sq.bytes.extend(data);
+        sq.meta.push_back(q);
+        Ok(())
+    }
+
+    /// Number of services known.
+    pub fn services(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// Queue `i` (in round-robin order from the cursor: see [`FairQueue::order`]).
+    pub fn queue(&self, i: usize) -> &ServiceQueue {
+        &self.queues[i]
+    }
+
+    /// Queue `i`, mutably.
+    pub fn queue_mut(&mut self, i: usize) -> &mut ServiceQueue {
+        &mut self.queues[i]
+    }
+
+    /// Queue indices in the order they are to be polled now: the cursor's first.
+    pub fn order(&self) -> impl Iterator<Item = usize> {
+        let n = self.queues.len();
+        let c = self.cursor;
+        (0..n).map(move |k| (c + k) % n)
+    }
+
+    /// Queue `i` used a turn (sent a frame); the cursor moves on when its weight is spent.
+    pub fn used_turn(&mut self, i: usize) {
+        if i != self.cursor {
+            self.cursor = i;
+            self.turns_left = self.queues[i].weight;
+        }
+        self.turns_left = self.turns_left.saturating_sub(1);
+        if self.turns_left == 0 {
+            self.cursor = (i + 1) % self.queues.len().max(1);
+            self.turns_left = self.queues[self.cursor].weight;
+        }
+    }
+
+    /// Messages waiting in all queues.
+    pub fn total(&self) -> usize {
+        self.queues.iter().map(|q| q.meta.len()).sum()
+    }
+
+    /// Bytes waiting in all queues.
+    pub fn total_bytes(&self) -> usize {
+        self.queues.iter().map(|q| q.bytes.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(len: u32) -> Queued {
+        Queued {
+            dest: Coord::new(1, 0, 0),
+            len,
+            reliable: true,
+            fences: Fences::default(),
+            enqueued: Time::ZERO,
+            sent: 0,
+            msn: None,
+            wait_for: None,
+        }
+    }
+
+    #[test]
+    fn bounded_and_round_robin() {
+        let mut fq = FairQueue::new(10);
+        assert!(fq.push(1, msg(8), &[1; 8]).is_ok());
+        assert_eq!(fq.push(1, msg(8), &[1; 8]), Err(Full));
+        assert!(
+            fq.push(2, msg(100), &[2; 100]).is_ok(),
+            "an empty queue takes one"
+        );
+        fq.configure(3, 2, 100);
+        fq.push(3, msg(1), &[3]).unwrap();
+        let order: Vec<u16> = fq.order().map(|i| fq.queue(i).service).collect();
+        assert_eq!(order, [1, 2, 3]);
+        fq.used_turn(0);
+        assert_eq!(fq.order().next(), Some(1));
+        fq.used_turn(2);
+        assert_eq!(fq.order().next(), Some(2), "weight 2: a second turn");
+        fq.used_turn(2);
+        assert_eq!(fq.order().next(), Some(0));
+    }
+
+    #[test]
+    fn take_fragments_and_pops() {
+        let mut fq = FairQueue::new(1000);
+        fq.push(1, msg(5), b"hello").unwrap();
+        fq.push(1, msg(2), b"yo").unwrap();
+        let q = fq.queue_mut(0);
+        let mut a = [0u8; 3];
+        q.take(&mut a);
+        assert_eq!(&a, b"hel");
+        assert_eq!(q.head().map(|h| h.sent), Some(3));
+        let mut b = [0u8; 2];
+        q.take(&mut b);
+        assert_eq!(&b, b"lo");
+        assert_eq!(q.len(), 1);
+        q.take(&mut b);
+        assert_eq!(&b, b"yo");
+        assert!(q.is_empty());
+    }
+}

@@ -1,0 +1,1010 @@
+//! The reliable multi-link transport of one server, sans-IO (MultiEdge's protocol with
+//! CamCube's per-link service queuing and packet aggregation).
+//!
+//! Call order, as in quinn-proto: the application [`Transport::send`]s messages; the driver
+//! hands in every frame addressed to this server with [`Transport::handle_frame`] and calls
+//! [`Transport::handle_timeout`] when [`Transport::poll_timeout`] says; whenever some links
+//! have room it calls [`Transport::poll_transmit`] until it returns `None`; and it drains
+//! [`Transport::poll_event`] for delivered messages. Nothing here reads a clock or touches a
+//! socket, so the same code runs over AF_XDP, in-memory links and the simulator.
+//!
+//! - Window: fixed, in frames, per peer ([`sender`], [`receiver`]).
+//! - ACKs: cumulative + 64-bit selective bitmap, piggybacked on every frame to the peer;
+//!   explicit ACKs delayed until `ack_every` frames or `ack_delay`.
+//! - NACKs: sent as soon as a gap is `nack_threshold` frames old (the reordering striping
+//!   causes is tolerated), one NACK naming every hole in the bitmap; repeated while gaps
+//!   stay open, after twice the measured NACK-to-repair time (bounded by `nack_retry`).
+//! - Coarse timeout: resends the oldest unacknowledged frame when nothing has moved for an
+//!   RTO (srtt + 4 rttvar, at least `min_rto`, doubling while nothing moves).
+//! - Striping: each connection round-robins its frames over the usable links towards the
+//!   peer (the routing next-hop set, or several direct links) that have room.
+//! - Fences and fragmentation: [`delivery`].
+//! - Aggregation: consecutive small messages of a service to the same peer share a frame up
+//!   to the MTU, flushed as soon as a link has room (or after `agg_delay` when that is set).
+//! - Fair queuing among services: [`fair_queue`].
+
+pub mod connection;
+pub mod delivery;
+pub mod fair_queue;
+pub mod receiver;
+pub mod sender;
+pub mod seqnum;
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use connection::Connection;
+pub use delivery::Fences;
+use delivery::{DeliveryError, Released};
+use fair_queue::{FairQueue, Queued};
+use receiver::{Arrival, RecvConfig};
+use sender::SendConfig;
+
+use crate::time::Time;
+use crate::topology::Coord;
+use crate::wire::{
+    self, flags, msg_flags, Dest, FrameView, Header, Kind, WireError, ETH_LEN, HEADERS_LEN,
+    MSG_HEADER_LEN, TORUS_LEN,
+};
+
+/// A link of this server, numbered by the driver (in a torus: the direction, 0..=5).
+pub type LinkId = u8;
+
+/// A set of links, one bit per link id (up to 8 links).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct LinkSet(pub u8);
+
+impl LinkSet {
+    /// How many link ids a set can hold.
+    pub const CAPACITY: u8 = 8;
+    /// No link.
+    pub const EMPTY: LinkSet = LinkSet(0);
+
+    /// Links 0..n.
+    pub fn first(n: u8) -> LinkSet {
+        LinkSet(if n >= 8 { 0xff } else { (1u8 << n) - 1 })
+    }
+    /// Whether `l` is in the set.
+    pub fn contains(self, l: LinkId) -> bool {
+        l < 8 && self.0 & (1 << l) != 0
+    }
+    /// The set with `l` added.
+    #[must_use]
+    pub fn with(self, l: LinkId) -> LinkSet {
+        LinkSet(self.0 | (1 << (l % 8)))
+    }
+    /// The set without `l`.
+    #[must_use]
+    pub fn without(self, l: LinkId) -> LinkSet {
+        LinkSet(self.0 & !(1 << (l % 8)))
+    }
+    /// Links in both sets.
+    #[must_use]
+    pub fn and(self, o: LinkSet) -> LinkSet {
+        LinkSet(self.0 & o.0)
+    }
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    /// The links, in id order.
+    pub fn iter(self) -> impl Iterator<Item = LinkId> {
+        (0..8).filter(move |l| self.contains(*l))
+    }
+}
+
+/// Which links lead towards a peer: the routing next-hop set in a torus, or every direct
+/// link between two servers.
+pub trait Paths {
+    /// The usable links towards `peer` (empty when unreachable).
+    fn links_to(&self, peer: Coord) -> LinkSet;
+}
+
+impl<F: Fn(Coord) -> LinkSet> Paths for F {
+    fn links_to(&self, peer: Coord) -> LinkSet {
+        self(peer)
+    }
+}
+
+/// Settings of the transport.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// Sliding window per peer, in frames. 256 by measurement (`docs/transport.md`): enough
+    /// to keep 6 links busy across a few hops, small enough to bound memory per peer.
+    pub window: u32,
+    /// Explicit ACK after this many frames with nothing to piggyback on.
+    pub ack_every: u32,
+    /// ... or after this long.
+    pub ack_delay: Duration,
+    /// Reordering tolerated before a gap is NACKed (frames).
+    pub nack_threshold: u32,
+    /// Repeat NACKs for gaps still open after at most this long (adaptive below it).
+    pub nack_retry: Duration,
+    /// Shortest NACK repeat interval.
+    pub nack_retry_min: Duration,
+    /// Lower bound of the coarse retransmission timeout.
+    pub min_rto: Duration,
+    /// Upper bound of the retransmission timeout after backoff.
+    pub max_rto: Duration,
+    /// Link MTU: bytes after the Ethernet header (1500, or 9000 for jumbo frames).
+    pub mtu: usize,
+    /// Pack several small messages into one frame.
+    pub aggregate: bool,
+    /// Hold a partly filled aggregated frame at most this long for more messages (zero:
+    /// send as soon as a link has room, which aggregates exactly what queued meanwhile).
+    pub agg_delay: Duration,
+    /// Largest reliable message, in bytes.
+    pub max_message: usize,
+    /// Bytes each service may have queued before `send` answers would-block.
+    pub queue_bytes: usize,
+    /// Most peers a server keeps connections with (bounds memory under hostile input).
+    pub max_peers: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            window: 256,
+            ack_every: 32,
+            ack_delay: Duration::from_micros(200),
+            nack_threshold: 3,
+            nack_retry: Duration::from_millis(1),
+            nack_retry_min: Duration::from_micros(20),
+            min_rto: Duration::from_millis(2),
+            max_rto: Duration::from_millis(200),
+            mtu: 1500,
+            aggregate: true,
+            agg_delay: Duration::ZERO,
+            max_message: 64 << 20,
+            queue_bytes: 1 << 20,
+            max_peers: 1 << 16,
+        }
+    }
+}
+
+impl Config {
+    /// Payload bytes a frame can carry at this MTU.
+    pub fn max_payload(&self) -> usize {
+        self.mtu.saturating_sub(TORUS_LEN)
+    }
+}
+
+/// A message for [`Transport::send`].
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    /// The server it goes to.
+    pub dest: Coord,
+    /// The service it is for (on the receiving server).
+    pub service: u16,
+    /// Its bytes.
+    pub data: &'a [u8],
+    /// Reliable (any size, exactly once, fences honoured) or short (one frame, best effort).
+    pub reliable: bool,
+    /// Ordering constraints (reliable messages only).
+    pub fences: Fences,
+}
+
+/// Why [`Transport::send`] refused a message; the message was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The service's queue is full: try again after [`Transport::poll_transmit`] drained it.
+    #[error("send queue full")]
+    WouldBlock,
+    /// Too large: a short message must fit one frame, a reliable one `max_message`.
+    #[error("message of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// The message's length.
+        len: usize,
+        /// The limit for its kind.
+        max: usize,
+    },
+    /// Messages to this server itself do not go through the transport.
+    #[error("destination is this server")]
+    ToSelf,
+}
+
+/// Why a frame handed to [`Transport::handle_frame`] was dropped. The transport's state is
+/// unchanged by a dropped frame (beyond counters) and it keeps serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RecvError {
+    /// Not a well-formed torus frame.
+    #[error("malformed frame: {0}")]
+    Wire(#[from] WireError),
+    /// Addressed to another server or to a key: the caller routes those.
+    #[error("frame is not addressed to this server")]
+    NotForUs,
+    /// Claims to come from this server.
+    #[error("frame claims to come from this server")]
+    FromSelf,
+    /// A control frame, which the transport does not handle.
+    #[error("unexpected frame kind")]
+    UnexpectedKind,
+    /// A new peer beyond `max_peers`.
+    #[error("too many peers")]
+    TooManyPeers,
+    /// A sequence number outside the receive window.
+    #[error("sequence number outside the receive window")]
+    OutOfWindow,
+    /// A fragment that does not fit its message.
+    #[error("bad fragment: {0}")]
+    Fragment(#[from] DeliveryError),
+}
+
+/// Something the application learns from the transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A message arrived.
+    Message {
+        /// The server that sent it.
+        src: Coord,
+        /// The service it is for.
+        service: u16,
+        /// Its bytes.
+        data: Vec<u8>,
+        /// Whether it came reliably (else as a short message).
+        reliable: bool,
+    },
+}
+
+/// What [`Transport::poll_transmit`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// The link to send it on.
+    pub link: LinkId,
+    /// Frame length: `buf[..len]`, Ethernet header included (the MAC addresses are left for
+    /// the driver, which knows the link's neighbour).
+    pub len: usize,
+    /// What the frame is.
+    pub kind: TxKind,
+    /// Messages it carries.
+    pub messages: u32,
+}
+
+/// Kinds of frame the transport sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxKind {
+    /// New reliable data.
+    Data,
+    /// A reliable frame sent again.
+    Retransmit,
+    /// An explicit acknowledgement.
+    Ack,
+    /// A negative acknowledgement.
+    Nack,
+    /// Short (unreliable) messages.
+    Short,
+}
+
+/// Counters of one transport.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// New reliable data frames sent.
+    pub data_frames: u64,
+    /// Reliable frames sent again.
+    pub retransmitted_frames: u64,
+    /// Explicit ACK frames sent.
+    pub ack_frames: u64,
+    /// NACK frames sent.
+    pub nack_frames: u64,
+    /// Short-message frames sent.
+    pub short_frames: u64,
+    /// Reliable messages framed (a fragmented message counts once).
+    pub messages_sent: u64,
+    /// Short messages framed.
+    pub short_messages_sent: u64,
+    /// Frames handed in.
+    pub frames_received: u64,
+    /// Reliable frames received twice.
+    pub duplicate_frames: u64,
+    /// Frames that arrived beyond the lowest missing one (out of order).
+    pub out_of_order_frames: u64,
+    /// Frames dropped as malformed or unexpected.
+    pub dropped_frames: u64,
+    /// Messages delivered to the application.
+    pub messages_delivered: u64,
+}
+
+/// The reliable transport of one server.
+#[derive(Debug)]
+pub struct Transport {
+    local: Coord,
+    cfg: Config,
+    conns: HashMap<Coord, Connection>,
+    /// Peers with retransmissions, NACKs or ACKs to send.
+    urgent: VecDeque<Coord>,
+    queues: FairQueue,
+    events: VecDeque<Event>,
+    released: Vec<Released>,
+    stats: Stats,
+    /// The latest time the driver told us about (aggregation deadlines before it are due
+    /// already and wait only for link room, not for a timer).
+    last_now: Time,
+}
+
+impl Transport {
+    /// The transport of server `local`.
+    pub fn new(local: Coord, cfg: Config) -> Transport {
+        Transport {
+            local,
+            cfg,
+            conns: HashMap::new(),
+            urgent: VecDeque::new(),
+            queues: FairQueue::new(cfg.queue_bytes),
+            events: VecDeque::new(),
+            released: Vec::new(),
+            stats: Stats::default(),
+            last_now: Time::ZERO,
+        }
+    }
+
+    // ---- getters ----
+
+    /// The server this transport belongs to.
+    pub fn local(&self) -> Coord {
+        self.local
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Messages waiting in service queues.
+    pub fn queued_messages(&self) -> usize {
+        self.queues.total()
+    }
+
+    /// Frames in flight to all peers.
+    pub fn in_flight(&self) -> u64 {
+        self.conns.values().map(|c| c.send.in_flight()).sum()
+    }
+
+    /// Bytes held: queued messages, frames kept for retransmission.
+    pub fn held_bytes(&self) -> usize {
+        self.queues.total_bytes()
+            + self
+                .conns
+                .values()
+                .map(|c| c.send.held_bytes())
+                .sum::<usize>()
+    }
+
+    /// The smoothed round-trip time to `peer`, once measured.
+    pub fn srtt(&self, peer: Coord) -> Option<Duration> {
+        self.conns.get(&peer).and_then(|c| c.send.srtt())
+    }
+
+    // ---- application ----
+
+    /// Sets a service's fair-queuing weight (frames per turn) and queue limit in bytes.
+    pub fn configure_service(&mut self, service: u16, weight: u32, queue_bytes: usize) {
+        self.queues.configure(service, weight, queue_bytes);
+    }
+
+    /// Queues a message. Refused (nothing taken) when the service's queue is full.
+    pub fn send(&mut self, now: Time, m: Outgoing<'_>) -> Result<(), SendError> {
+        if m.dest == self.local {
+            return Err(SendError::ToSelf);
+        }
+        let max = if m.reliable {
+            self.cfg.max_message
+        } else {
+            self.cfg.max_payload().saturating_sub(MSG_HEADER_LEN)
+        };
+        if m.data.len() > max || m.data.len() > u32::MAX as usize {
+            return Err(SendError::TooLarge {
+                len: m.data.len(),
+                max,
+            });
+        }
+        let q = Queued {
+            dest: m.dest,
+            len: m.data.len() as u32,
+            reliable: m.reliable,
+            fences: if m.reliable {
+                m.fences
+            } else {
+                Fences::default()
+            },
+            enqueued: now,
+            sent: 0,
+            msn: None,
+            wait_for: None,
+        };
+        self.queues
+            .push(m.service, q, m.data)
+            .map_err(|_| SendError::WouldBlock)?;
+        if let Some(c) = self.conns.get_mut(&m.dest) {
+            c.queued += 1;
+        } else if self.conns.len() < self.cfg.max_peers {
+            let mut c = self.new_conn(m.dest);
+            c.queued = 1;
+            self.conns.insert(m.dest, c);
+        }
+        Ok(())
+    }
+
+    fn new_conn(&self, peer: Coord) -> Connection {
+        Connection::new(
+            peer,
+            SendConfig {
+                window: self.cfg.window,
+                min_rto: self.cfg.min_rto,
+                max_rto: self.cfg.max_rto,
+            },
+            RecvConfig {
+                window: self.cfg.window,
+                // At most a quarter window between ACKs, so the sender never stalls on a
+                // full window waiting for the delayed-ACK timer.
+                ack_every: self.cfg.ack_every.min((self.cfg.window / 4).max(1)),
+                ack_delay: self.cfg.ack_delay,
+                nack_threshold: self.cfg.nack_threshold,
+                nack_retry: self.cfg.nack_retry,
+                nack_retry_min: self.cfg.nack_retry_min,
+            },
+            self.cfg.max_message,
+        )
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    // ---- network in ----
+
+    /// Handles a frame addressed to this server (Ethernet header included).
+    pub fn handle_frame(&mut self, now: Time, frame: &[u8]) -> Result<(), RecvError> {
+        self.stats.frames_received += 1;
+        let r = self.handle_frame_inner(now, frame);
+        if r.is_err() {
+            self.stats.dropped_frames += 1;
+        }
+        r
+    }
+
+    fn handle_frame_inner(&mut self, now: Time, frame: &[u8]) -> Result<(), RecvError> {
+        let view = FrameView::new_checked(frame)?;
+        let h = Header::parse(&view)?;
+        if h.dst != Dest::Server(self.local) {
+            return Err(RecvError::NotForUs);
+        }
+        if h.src == self.local {
+            return Err(RecvError::FromSelf);
+        }
+        if h.kind == Kind::Control {
+            return Err(RecvError::UnexpectedKind);
+        }
+        let aggregated = h.has(flags::AGGREGATED);
+        if aggregated {
+            // Check every message first: a frame is accepted (and acknowledged) whole or
+            // not at all, so a bad one is never half-delivered.
+            let mut n = 0u32;
+            for m in view.messages() {
+                m?;
+                n += 1;
+            }
+            if n == 0 {
+                return Err(RecvError::Wire(WireError::MessageOverrun { at: 0, len: 0 }));
+            }
+        }
+        if h.kind == Kind::Data && !h.has(flags::RELIABLE) {
+            self.deliver_short(&h, &view);
+            return Ok(());
+        }
+        if !self.conns.contains_key(&h.src) {
+            if self.conns.len() >= self.cfg.max_peers {
+                return Err(RecvError::TooManyPeers);
+            }
+            let c = self.new_conn(h.src);
+            self.conns.insert(h.src, c);
+        }
+        let Some(conn) = self.conns.get_mut(&h.src) else {
+            return Err(RecvError::TooManyPeers);
+        };
+        if h.has(flags::ACK_VALID) {
+            let sack = h.has(flags::SACK_VALID).then_some(h.sack);
+            conn.send.on_ack(now, h.ack, sack, h.kind == Kind::Nack);
+        }
+        let mut result = Ok(());
+        if h.kind == Kind::Data {
+            let before = conn.recv.cum_ack();
+            match conn.recv.on_frame(now, h.seq, h.has(flags::RETRANSMIT)) {
+                Arrival::New => {
+                    if conn.recv.cum_ack() == before {
+                        self.stats.out_of_order_frames += 1;
+                    }
+                    result = Self::deliver_reliable(conn, &h, &view, &mut self.released);
+                }
+                Arrival::Duplicate => self.stats.duplicate_frames += 1,
+                Arrival::OutOfWindow => result = Err(RecvError::OutOfWindow),
+            }
+        }
+        let needs = conn.send.has_retransmit() || conn.recv.ack_due(now) || conn.recv.nack_due(now);
+        if needs && !conn.urgent {
+            conn.urgent = true;
+            self.urgent.push_back(h.src);
+        }
+        for r in self.released.drain(..) {
+            self.stats.messages_delivered += 1;
+            self.events.push_back(Event::Message {
+                src: h.src,
+                service: r.service,
+                data: r.data,
+                reliable: true,
+            });
+        }
+        result
+    }
+
+    fn deliver_short(&mut self, h: &Header, view: &FrameView<'_>) {
+        if h.has(flags::AGGREGATED) {
+            for m in view.messages().flatten() {
+                self.stats.messages_delivered += 1;
+                self.events.push_back(Event::Message {
+                    src: h.src,
+                    service: m.service,
+                    data: m.data.to_vec(),
+                    reliable: false,
+                });
+            }
+        } else {
+            self.stats.messages_delivered += 1;
+            self.events.push_back(Event::Message {
+                src: h.src,
+                service: h.service,
+                data: view.payload().to_vec(),
+                reliable: false,
+            });
+        }
+    }
+
+    fn deliver_reliable(
+        conn: &mut Connection,
+        h: &Header,
+        view: &FrameView<'_>,
+        out: &mut Vec<Released>,
+    ) -> Result<(), RecvError> {
+        let base = seqnum::expand(h.msn, conn.delivery.base());
+        let frame_wait =
+            (h.fence != 0 && u64::from(h.fence) <= base).then(|| base - u64::from(h.fence));
+        if h.has(flags::AGGREGATED) {
+            let mut wait_for = frame_wait;
+            for (k, m) in view.messages().flatten().enumerate() {
+                let msn = base + k as u64;
+                let fences = Fences {
+                    backward: m.flags & msg_flags::BWD_FENCE != 0,
+                    forward: m.flags & msg_flags::FWD_FENCE != 0,
+                };
+                conn.delivery
+                    .offer(msn, m.service, m.data.to_vec(), fences, wait_for, out);
+                if fences.forward {
+                    wait_for = Some(msn);
+                }
+            }
+            return Ok(());
+        }
+        let fences = Fences {
+            backward: h.has(flags::BWD_FENCE),
+            forward: h.has(flags::FWD_FENCE),
+        };
+        let (first, last) = (h.has(flags::FRAG_FIRST), h.has(flags::FRAG_LAST));
+        if first && last && h.frag == 0 {
+            conn.delivery.offer(
+                base,
+                h.service,
+                view.payload().to_vec(),
+                fences,
+                frame_wait,
+                out,
+            );
+            Ok(())
+        } else {
+            conn.delivery
+                .offer_fragment(
+                    base,
+                    h.frag,
+                    last,
+                    h.service,
+                    view.payload(),
+                    fences,
+                    frame_wait,
+                    out,
+                )
+                .map_err(RecvError::from)
+        }
+    }
+
+    // ---- timers ----
+
+    /// The next time [`Transport::handle_timeout`] must be called, if any.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let mut t: Option<Time> = None;
+        let mut fold = |x: Option<Time>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        for c in self.conns.values() {
+            fold(c.send.poll_timeout());
+            fold(c.recv.poll_timeout());
+        }
+        if !self.cfg.agg_delay.is_zero() {
+            for i in 0..self.queues.services() {
+                let due = self
+                    .queues
+                    .queue(i)
+                    .head()
+                    .map(|h| h.enqueued + self.cfg.agg_delay);
+                fold(due.filter(|t| *t > self.last_now));
+            }
+        }
+        t
+    }
+
+    /// Runs the timers due at `now`: retransmission timeouts, delayed ACKs, NACK retries.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.last_now = self.last_now.max(now);
+        for (peer, c) in self.conns.iter_mut() {
+            c.send.on_timeout(now);
+            let needs = c.send.has_retransmit() || c.recv.ack_due(now) || c.recv.nack_due(now);
+            if needs && !c.urgent {
+                c.urgent = true;
+                self.urgent.push_back(*peer);
+            }
+        }
+    }
+
+    // ---- network out ----
+
+    /// Writes the next frame to send into `buf` (which must hold `mtu + 14` bytes), on one
+    /// of the links in `room` (those with space in their TX ring). Retransmissions, NACKs
+    /// and due ACKs go first, then data in fair-queuing order.
+    pub fn poll_transmit(
+        &mut self,
+        now: Time,
+        room: LinkSet,
+        paths: &impl Paths,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        self.last_now = self.last_now.max(now);
+        if room.is_empty() || buf.len() < ETH_LEN + self.cfg.mtu.max(TORUS_LEN) {
+            return None;
+        }
+        if let Some(t) = self.poll_urgent(now, room, paths, buf) {
+            return Some(t);
+        }
+        self.poll_data(now, room, paths, buf)
+    }
+
+    fn poll_urgent(
+        &mut self,
+        now: Time,
+        room: LinkSet,
+        paths: &impl Paths,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        for _ in 0..self.urgent.len() {
+            let peer = self.urgent.pop_front()?;
+            let Some(c) = self.conns.get_mut(&peer) else {
+                continue;
+            };
+            let usable = paths.links_to(peer).and(room);
+            let piggyback_soon = c.queued > 0 && c.send.can_send() && !c.recv.ack_overdue(now);
+            let nack = c.recv.nack_due(now);
+            let ack = c.recv.ack_due(now) && !piggyback_soon;
+            if !c.send.has_retransmit() && !nack && !ack {
+                c.urgent = false;
+                continue;
+            }
+            let Some(link) = c.next_link(usable) else {
+                self.urgent.push_back(peer);
+                continue;
+            };
+            let local = self.local;
+            let t = if let Some(bytes) = c.send.next_retransmit(now) {
+                let len = ETH_LEN + bytes.len();
+                buf[ETH_LEN..len].copy_from_slice(bytes);
+                buf[wire::offset::ETHERTYPE..wire::offset::ETHERTYPE + 2]
+                    .copy_from_slice(&wire::ETHERTYPE_DATA.to_be_bytes());
+                refresh_ack(buf, c);
+                let fl =
+                    u16::from_be_bytes([buf[wire::offset::FLAGS], buf[wire::offset::FLAGS + 1]])
+                        | flags::RETRANSMIT;
+                buf[wire::offset::FLAGS..wire::offset::FLAGS + 2]
+                    .copy_from_slice(&fl.to_be_bytes());
+                self.stats.retransmitted_frames += 1;
+                Transmit {
+                    link,
+                    len,
+                    kind: TxKind::Retransmit,
+                    messages: 0,
+                }
+            } else {
+                let kind = if nack { Kind::Nack } else { Kind::Ack };
+                let mut h = Header::new(kind, local, Dest::Server(peer));
+                h.flags = flags::ACK_VALID | flags::SACK_VALID;
+                h.ack = seqnum::truncate(c.recv.cum_ack());
+                h.sack = c.recv.sack_bits();
+                h.emit(buf).ok()?;
+                if nack {
+                    c.recv.on_nack_sent(now);
+                    self.stats.nack_frames += 1;
+                } else {
+                    c.recv.on_ack_sent();
+                    self.stats.ack_frames += 1;
+                }
+                Transmit {
+                    link,
+                    len: HEADERS_LEN,
+                    kind: if nack { TxKind::Nack } else { TxKind::Ack },
+                    messages: 0,
+                }
+            };
+            let still = c.send.has_retransmit() || c.recv.nack_due(now) || c.recv.ack_due(now);
+            if still {
+                self.urgent.push_back(peer);
+            } else {
+                c.urgent = false;
+            }
+            return Some(t);
+        }
+        None
+    }
+
+    fn poll_data(
+        &mut self,
+        now: Time,
+        room: LinkSet,
+        paths: &impl Paths,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let order: Vec<usize> = self.queues.order().collect();
+        for qi in order {
+            let Some(head) = self.queues.queue(qi).head().copied() else {
+                continue;
+            };
+            let usable = paths.links_to(head.dest).and(room);
+            if usable.is_empty() {
+                continue;
+            }
+            let Some(conn) = self.conns.get_mut(&head.dest) else {
+                continue;
+            };
+            if head.reliable && !conn.send.can_send() {
+                continue;
+            }
+            if !self.cfg.agg_delay.is_zero()
+                && self.cfg.aggregate
+                && now < head.enqueued + self.cfg.agg_delay
+                && !frame_would_fill(self.queues.queue(qi), &self.cfg)
+            {
+                continue;
+            }
+            let link = conn.next_link(usable)?;
+            let t = build_data_frame(
+                self.local,
+                &self.cfg,
+                now,
+                conn,
+                self.queues.queue_mut(qi),
+                link,
+                buf,
+                &mut self.stats,
+            );
+            self.queues.used_turn(qi);
+            return Some(t);
+        }
+        None
+    }
+}
+
+/// Whether the run of messages at the queue's head that could share one frame fills it.
+fn frame_would_fill(q: &fair_queue::ServiceQueue, cfg: &Config) -> bool {
+    let Some(h) = q.head() else {
+        return false;
+    };
+    let room = cfg.max_payload();
+    let mut used = 0usize;
+    for m in q.iter() {
+        if m.dest != h.dest || m.reliable != h.reliable || m.sent != 0 {
+            break;
+        }
+        used += MSG_HEADER_LEN + m.len as usize;
+        if used >= room {
+            return true;
+        }
+    }
+    false
+}
+
+/// Writes the piggybacked acknowledgement of `c` into a frame in `buf` and notes it sent.
+fn refresh_ack(buf: &mut [u8], c: &mut Connection) {
+    let mut fl = u16::from_be_bytes([buf[wire::offset::FLAGS], buf[wire::offset::FLAGS + 1]]);
+    fl |= flags::ACK_VALID | flags::SACK_VALID;
+    buf[wire::offset::FLAGS..wire::offset::FLAGS + 2].copy_from_slice(&fl.to_be_bytes());
+    let ack = seqnum::truncate(c.recv.cum_ack());
+    buf[wire::offset::ACK..wire::offset::ACK + 4].copy_from_slice(&ack.to_be_bytes());
+    buf[wire::offset::SACK..wire::offset::SACK + 8]
+        .copy_from_slice(&c.recv.sack_bits().to_be_bytes());
+    c.recv.on_ack_sent();
+}
+
+/// Frames the head of `q` (and, aggregating, the messages after it to the same peer) into
+/// `buf` for `link`; records reliable frames in the send window.
+#[allow(clippy::too_many_arguments)]
+fn build_data_frame(
+    local: Coord,
+    cfg: &Config,
+    now: Time,
+    conn: &mut Connection,
+    q: &mut fair_queue::ServiceQueue,
+    link: LinkId,
+    buf: &mut [u8],
+    stats: &mut Stats,
+) -> Transmit {
+    let service = q.service;
+    let Some(head) = q.head().copied() else {
+        return Transmit {
+            link,
+            len: 0,
+            kind: TxKind::Short,
+            messages: 0,
+        };
+    };
+    let dest = head.dest;
+    let reliable = head.reliable;
+    let room = cfg.max_payload();
+    let mut h = Header::new(Kind::Data, local, Dest::Server(dest));
+    h.service = service;
+    if reliable {
+        h.flags |= flags::RELIABLE;
+    }
+    let payload = &mut buf[HEADERS_LEN..ETH_LEN + cfg.mtu];
+    let mut messages = 0u32;
+    let whole_fits = head.sent == 0 && head.len as usize + MSG_HEADER_LEN <= room;
+    let plen;
+    if cfg.aggregate && whole_fits {
+        h.flags |= flags::AGGREGATED;
+        let mut used = 0usize;
+        let mut first_msn = None;
+        let fence_before = conn.last_fwd;
+        while let Some(m) = q.head().copied() {
+            let need = MSG_HEADER_LEN + m.len as usize;
+            if m.dest != dest || m.reliable != reliable || m.sent != 0 || used + need > room {
+                break;
+            }
+            let mut fl = 0u8;
+            if m.fences.backward {
+                fl |= msg_flags::BWD_FENCE;
+            }
+            if m.fences.forward {
+                fl |= msg_flags::FWD_FENCE;
+            }
+            let slot = &mut payload[used..used + need];
+            wire::write_msg_header(slot, m.len as u16, service, fl);
+            q.take(&mut slot[MSG_HEADER_LEN..]);
+            used += need;
+            if reliable {
+                let msn = conn.next_msn;
+                conn.next_msn += 1;
+                first_msn.get_or_insert(msn);
+                if m.fences.forward {
+                    conn.last_fwd = Some(msn);
+                }
+            }
+            conn.queued = conn.queued.saturating_sub(1);
+            messages += 1;
+        }
+        plen = used;
+        if let Some(msn) = first_msn {
+            h.msn = seqnum::truncate(msn);
+            h.fence = fence_distance(msn, fence_before);
+        }
+    } else if head.sent == 0 && head.len as usize <= room {
+        // One whole message, unaggregated.
+        let len = head.len as usize;
+        q.take(&mut payload[..len]);
+        plen = len;
+        messages = 1;
+        conn.queued = conn.queued.saturating_sub(1);
+        if reliable {
+            let msn = conn.next_msn;
+            conn.next_msn += 1;
+            h.flags |= flags::FRAG_FIRST | flags::FRAG_LAST | fence_flags(head.fences);
+            h.msn = seqnum::truncate(msn);
+            h.fence = fence_distance(msn, conn.last_fwd);
+            if head.fences.forward {
+                conn.last_fwd = Some(msn);
+            }
+        }
+    } else {
+        // A fragment of a message larger than one frame (reliable only: short messages
+        // were refused at send when they did not fit).
+        let (msn, wait_for) = match head.msn {
+            Some(m) => (m, head.wait_for),
+            None => {
+                let m = conn.next_msn;
+                conn.next_msn += 1;
+                let w = conn.last_fwd;
+                if head.fences.forward {
+                    conn.last_fwd = Some(m);
+                }
+                if let Some(hm) = q.head_mut() {
+                    hm.msn = Some(m);
+                    hm.wait_for = w;
+                }
+                (m, w)
+            }
+        };
+        let frag = head.sent / room as u32;
+        let left = (head.len - head.sent) as usize;
+        let len = left.min(room);
+        if head.sent == 0 {
+            h.flags |= flags::FRAG_FIRST;
+        }
+        if left <= room {
+            h.flags |= flags::FRAG_LAST;
+            messages = 1;
+            conn.queued = conn.queued.saturating_sub(1);
+        }
+        h.flags |= fence_flags(head.fences);
+        h.msn = seqnum::truncate(msn);
+        h.frag = frag;
+        h.fence = match wait_for {
+            Some(w) => (msn - w) as u32,
+            None => 0,
+        };
+        q.take(&mut payload[..len]);
+        plen = len;
+    }
+    h.payload_len = plen as u16;
+    let len = HEADERS_LEN + plen;
+    if reliable {
+        h.seq = seqnum::truncate(conn.send.next_seq());
+        h.flags |= flags::ACK_VALID | flags::SACK_VALID;
+        h.ack = seqnum::truncate(conn.recv.cum_ack());
+        h.sack = conn.recv.sack_bits();
+        conn.recv.on_ack_sent();
+        // Emit cannot fail: buf was checked to hold a whole frame.
+        let _ = h.emit(buf);
+        let mut copy = conn.send.take_buffer();
+        copy.extend_from_slice(&buf[ETH_LEN..len]);
+        conn.send.on_sent(now, copy);
+        stats.data_frames += 1;
+        stats.messages_sent += u64::from(messages);
+        Transmit {
+            link,
+            len,
+            kind: TxKind::Data,
+            messages,
+        }
+    } else {
+        let _ = h.emit(buf);
+        stats.short_frames += 1;
+        stats.short_messages_sent += u64::from(messages);
+        Transmit {
+            link,
+            len,
+            kind: TxKind::Short,
+            messages,
+        }
+    }
+}
+
+fn fence_flags(f: Fences) -> u16 {
+    (if f.backward { flags::BWD_FENCE } else { 0 }) | (if f.forward { flags::FWD_FENCE } else { 0 })
+}
+
+/// The wire fence field: distance back from `msn` to the latest forward-fenced message.
+fn fence_distance(msn: u64, last_fwd: Option<u64>) -> u32 {
+    match last_fwd {
+        Some(j) if j < msn => u32::try_from(msn - j).unwrap_or(0),
+        _ => 0,
+    }
+}

@@ -1,0 +1,343 @@
+//! The sending half of a connection's sliding window: frames in flight kept for
+//! retransmission, acknowledgements (cumulative, selective, negative) retiring or
+//! re-queueing them, the round-trip estimate, and the coarse retransmission timeout.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::seqnum;
+use crate::time::Time;
+
+/// Settings of the send side.
+#[derive(Debug, Clone, Copy)]
+pub struct SendConfig {
+    /// Window in frames: at most this many unacknowledged frames in flight.
+    pub window: u32,
+    /// Lower bound of the retransmission timeout.
+    pub min_rto: Duration,
+    /// Upper bound of the retransmission timeout (after backoff).
+    pub max_rto: Duration,
+}
+
+/// A frame in flight.
+#[derive(Debug)]
+struct Inflight {
+    /// The frame from the torus header on (the I/O layer adds the Ethernet addresses).
+    bytes: Vec<u8>,
+    sent_at: Time,
+    retransmitted: bool,
+    queued: bool,
+    sacked: bool,
+}
+
+/// Send-side window state of one connection.
+#[derive(Debug)]
+pub struct SendWindow {
+    cfg: SendConfig,
+    /// Oldest unacknowledged sequence number.
+    una: u64,
+    /// Next sequence number to assign.
+    next: u64,
+    /// Frames [una, next), index = seq - una.
+    slots: VecDeque<Inflight>,
+    /// Sequence numbers queued for retransmission.
+    retx: VecDeque<u64>,
+    rto_deadline: Option<Time>,
+    backoff: u32,
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// Buffers of retired frames, reused for new ones.
+    pool: Vec<Vec<u8>>,
+}
+
+impl SendWindow {
+    /// An empty window starting at sequence number 0.
+    pub fn new(cfg: SendConfig) -> SendWindow {
+        SendWindow {
+            cfg,
+            una: 0,
+            next: 0,
+            slots: VecDeque::new(),
+            retx: VecDeque::new(),
+            rto_deadline: None,
+            backoff: 0,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            pool: Vec::new(),
+        }
+    }
+
+    /// Whether the window has room for one more new frame.
+    pub fn can_send(&self) -> bool {
+        self.next - self.una < u64::from(self.cfg.window)
+    }
+
+    /// Frames in flight (sent, not cumulatively acknowledged).
+    pub fn in_flight(&self) -> u64 {
+        self.next - self.una
+    }
+
+    /// The sequence number the next new frame gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next
+    }
+
+    /// A buffer for a new frame (recycled when possible), cleared.
+    pub fn take_buffer(&mut self) -> Vec<u8> {
+        let mut b = self.pool.pop().unwrap_or_default();
+        b.clear();
+        b
+    }
+
+    /// Records a new frame, already carrying sequence number [`SendWindow::next_seq`], as
+    /// sent at `now`. The caller checked [`SendWindow::can_send`].
+    pub fn on_sent(&mut self, now: Time, bytes: Vec<u8>) {
+        self.slots.push_back(Inflight {
+            bytes,
+            sent_at: now,
+            retransmitted: false,
+            queued: false,
+            sacked: false,
+        });
+        self.next += 1;
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.rto());
+        }
+    }
+
+    /// The current retransmission timeout: srtt + 4 rttvar, clamped, doubled per backoff.
+    pub fn rto(&self) -> Duration {
+        let base = match self.srtt {
+            Some(s) => s + 4 * self.rttvar,
+            None => self.cfg.min_rto * 2,
+        };
+        let base = base.clamp(self.cfg.min_rto, self.cfg.max_rto);
+        (base * (1u32 << self.backoff.min(6))).min(self.cfg.max_rto)
+    }
+
+    /// How long to wait before answering another NACK for the same frame: about one
+    /// round trip, so that one loss is not repaired several times.
+    fn retx_guard(&self) -> Duration {
+        self.srtt.unwrap_or(self.cfg.min_rto / 4)
+    }
+
+    fn sample_rtt(&mut self, rtt: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(rtt);
+                self.rttvar = rtt / 2;
+            }
+            Some(s) => {
+                let diff = s.abs_diff(rtt);
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((s * 7 + rtt) / 8);
+            }
+        }
+    }
+
+    /// The smoothed round-trip time, once measured.
+    pub fn srtt(&self) -> Option<Duration> {
+        self.srtt
+    }
+
+    /// Handles an acknowledgement: `cum_wire` cumulative, `sack` the selective bitmap (if
+    /// valid), `nack` whether the peer reported gaps. Returns how many frames it retired,
+    /// or `None` when the ack acknowledges frames never sent (ignored).
+    pub fn on_ack(
+        &mut self,
+        now: Time,
+        cum_wire: u32,
+        sack: Option<u64>,
+        nack: bool,
+    ) -> Option<u64> {
+        let cum = seqnum::expand(cum_wire, self.una);
+        if cum > self.next {
+            return None;
+        }
+        let mut retired = 0;
+        // Karn's rule, widened: no sample when any retired frame was retransmitted or had
+        // been selectively acked already, since then the ACK waited for a repaired gap and
+        // the sample would measure loss recovery, not the path.
+        let mut clean = sack.is_none_or(|b| b == 0);
+        let mut sample = None;
+        while self.una < cum {
+            let Some(f) = self.slots.pop_front() else {
+                break;
+            };
+            clean &= !f.retransmitted && !f.sacked;
+            if self.una + 1 == cum {
+                sample = Some(now.since(f.sent_at));
+            }
+            self.pool.push(f.bytes);
+            self.una += 1;
+            retired += 1;
+        }
+        if let (true, Some(rtt)) = (clean, sample) {
+            self.sample_rtt(rtt);
+        }
+        if retired > 0 {
+            self.backoff = 0;
+            self.rto_deadline = (self.una < self.next).then(|| now + self.rto());
+        }
+        let mut highest_sacked = None;
+        if let Some(bits) = sack {
+            for i in 0..64u64 {
+                if bits & (1 << i) == 0 {
+                    continue;
+                }
+                let seq = cum + 1 + i;
+                if seq >= self.next {
+                    break;
+                }
+                let idx = (seq - self.una) as usize;
+                // No RTT sample from selective acks: they may have waited in the
+                // receiver's delayed-ACK timer; the cumulative sample covers the common case.
+                if let Some(f) = self.slots.get_mut(idx) {
+                    f.sacked = true;
+                }
+                highest_sacked = Some(seq);
+            }
+        }
+        if nack && cum < self.next {
+            // The receiver saw gaps: `cum` is missing, and so is every unsacked frame
+            // below the highest sacked one.
+            let end = highest_sacked.unwrap_or(cum).max(cum + 1).min(self.next);
+            let guard = self.retx_guard();
+            for seq in cum..end {
+                let idx = (seq - self.una) as usize;
+                if let Some(f) = self.slots.get_mut(idx) {
+                    if !f.sacked && !f.queued && now.since(f.sent_at) >= guard {
+                        f.queued = true;
+                        self.retx.push_back(seq);
+                    }
+                }
+            }
+        }
+        Some(retired)
+    }
+
+    /// Fires the coarse retransmission timeout if due: the oldest unacknowledged frame is
+    /// queued for retransmission and the timeout backs off. Only the oldest, as MultiEdge
+    /// does: NACKs repair the other gaps once the receiver hears from us again.
+    pub fn on_timeout(&mut self, now: Time) -> bool {
+        let Some(deadline) = self.rto_deadline else {
+            return false;
+        };
+        if now < deadline || self.una == self.next {
+            return false;
+        }
+        let mut queued = false;
+        if let Some(f) = self.slots.front_mut() {
+            if !f.sacked && !f.queued {
+                f.queued = true;
+                self.retx.push_back(self.una);
+                queued = true;
+            }
+        }
+        self.backoff += 1;
+        self.rto_deadline = Some(now + self.rto());
+        queued
+    }
+
+    /// Whether frames wait for retransmission.
+    pub fn has_retransmit(&self) -> bool {
+        !self.retx.is_empty()
+    }
+
+    /// The next frame to retransmit, marked as sent again at `now`: its bytes, to be copied
+    /// out and given fresh acknowledgement fields by the caller.
+    pub fn next_retransmit(&mut self, now: Time) -> Option<&[u8]> {
+        while let Some(seq) = self.retx.pop_front() {
+            if seq < self.una {
+                continue;
+            }
+            let idx = (seq - self.una) as usize;
+            let Some(f) = self.slots.get_mut(idx) else {
+                continue;
+            };
+            f.queued = false;
+            if f.sacked {
+                continue;
+            }
+            f.sent_at = now;
+            f.retransmitted = true;
+            return Some(&self.slots[idx].bytes);
+        }
+        None
+    }
+
+    /// When the retransmission timer fires next.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.rto_deadline.filter(|_| self.una < self.next)
+    }
+
+    /// Bytes held for retransmission (for memory accounting).
+    pub fn held_bytes(&self) -> usize {
+        self.slots.iter().map(|f| f.bytes.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn win() -> SendWindow {
+        SendWindow::new(SendConfig {
+            window: 4,
+            min_rto: Duration::from_millis(1),
+            max_rto: Duration::from_millis(100),
+        })
+    }
+
+    fn ms(n: u64) -> Time {
+        Time::from_nanos(n * 1_000_000)
+    }
+
+    #[test]
+    fn window_fills_and_acks_retire() {
+        let mut w = win();
+        for _ in 0..4 {
+            assert!(w.can_send());
+            w.on_sent(ms(0), vec![1, 2, 3]);
+        }
+        assert!(!w.can_send());
+        assert_eq!(w.on_ack(ms(0), 2, None, false), Some(2));
+        assert!(w.can_send());
+        assert_eq!(w.in_flight(), 2);
+        assert_eq!(
+            w.on_ack(ms(0), 99, None, false),
+            None,
+            "acks beyond next are ignored"
+        );
+    }
+
+    #[test]
+    fn nack_queues_the_holes_once() {
+        let mut w = win();
+        for _ in 0..4 {
+            w.on_sent(ms(0), vec![0]);
+        }
+        // Frames 0 and 2 missing; 1 and 3 arrived (cum 0, sack bits for 1.. = 0b101).
+        w.on_ack(ms(5), 0, Some(0b101), true);
+        assert_eq!(w.next_retransmit(ms(5)).map(|b| b.len()), Some(1));
+        assert!(w.next_retransmit(ms(5)).is_some());
+        assert!(w.next_retransmit(ms(5)).is_none());
+        // A second NACK right away does not resend them again.
+        w.on_ack(ms(5), 0, Some(0b101), true);
+        assert!(!w.has_retransmit());
+    }
+
+    #[test]
+    fn timeout_resends_oldest_and_backs_off() {
+        let mut w = win();
+        w.on_sent(ms(0), vec![0]);
+        assert!(!w.on_timeout(ms(0)));
+        let d = w.poll_timeout().unwrap();
+        assert!(w.on_timeout(d));
+        assert!(w.next_retransmit(d).is_some());
+        let d2 = w.poll_timeout().unwrap();
+        assert!(d2.since(d) > d.since(ms(0)), "backoff doubles the timeout");
+        w.on_ack(d2, 1, None, false);
+        assert_eq!(w.poll_timeout(), None);
+    }
+}

@@ -1,0 +1,218 @@
+//! The transport's API contract: bounded queues, refusals, bad frames, fair queuing and the
+//! aggregation deadline, each driven by hand with a virtual clock.
+
+use std::time::Duration;
+
+use torusnet_proto::time::Time;
+use torusnet_proto::topology::Coord;
+use torusnet_proto::transport::{
+    Config, Event, Fences, LinkSet, Outgoing, RecvError, SendError, Transport, TxKind,
+};
+use torusnet_proto::wire::{self, Dest, FrameView, Header, Kind, HEADERS_LEN};
+
+const A: Coord = Coord::new(0, 0, 0);
+const B: Coord = Coord::new(1, 0, 0);
+
+fn msg(data: &[u8], service: u16) -> Outgoing<'_> {
+    Outgoing {
+        dest: B,
+        service,
+        data,
+        reliable: true,
+        fences: Fences::default(),
+    }
+}
+
+fn one_link(_: Coord) -> LinkSet {
+    LinkSet::first(1)
+}
+
+#[test]
+fn queue_is_bounded_and_refusals_take_nothing() {
+    let mut a = Transport::new(
+        A,
+        Config {
+            queue_bytes: 1000,
+            ..Config::default()
+        },
+    );
+    let t = Time::ZERO;
+    let mut sent = 0;
+    while a.send(t, msg(&[1; 100], 1)).is_ok() {
+        sent += 1;
+    }
+    assert_eq!(sent, 10);
+    assert_eq!(a.send(t, msg(&[1; 100], 1)), Err(SendError::WouldBlock));
+    assert_eq!(a.queued_messages(), 10);
+    // Another service has its own queue.
+    assert!(a.send(t, msg(&[1; 100], 2)).is_ok());
+    let short = Outgoing {
+        reliable: false,
+        ..msg(&[0; 1500], 3)
+    };
+    assert!(matches!(a.send(t, short), Err(SendError::TooLarge { .. })));
+    let to_self = Outgoing {
+        dest: A,
+        ..msg(b"x", 1)
+    };
+    assert_eq!(a.send(t, to_self), Err(SendError::ToSelf));
+    // Draining the queue makes room again.
+    let mut buf = vec![0u8; 1514];
+    while a
+        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf)
+        .is_some()
+    {}
+    assert!(a.send(t, msg(&[1; 100], 1)).is_ok());
+}
+
+#[test]
+fn bad_frames_are_refused_and_the_transport_keeps_serving() {
+    let mut a = Transport::new(A, Config::default());
+    let mut b = Transport::new(B, Config::default());
+    let t = Time::ZERO;
+    let mut garbage = vec![0u8; 200];
+    garbage[12..14].copy_from_slice(&wire::ETHERTYPE_DATA.to_be_bytes());
+    assert!(matches!(
+        b.handle_frame(t, &garbage),
+        Err(RecvError::Wire(_))
+    ));
+    assert!(matches!(
+        b.handle_frame(t, &garbage[..20]),
+        Err(RecvError::Wire(_))
+    ));
+
+    let mut frame = vec![0u8; HEADERS_LEN];
+    let h = Header::new(Kind::Data, A, Dest::Server(Coord::new(5, 5, 5)));
+    h.emit(&mut frame).unwrap();
+    assert_eq!(b.handle_frame(t, &frame), Err(RecvError::NotForUs));
+    let h = Header::new(Kind::Data, B, Dest::Server(B));
+    h.emit(&mut frame).unwrap();
+    assert_eq!(b.handle_frame(t, &frame), Err(RecvError::FromSelf));
+    let mut h = Header::new(Kind::Data, A, Dest::Server(B));
+    h.flags = wire::flags::RELIABLE;
+    h.seq = 1 << 30;
+    h.emit(&mut frame).unwrap();
+    assert_eq!(b.handle_frame(t, &frame), Err(RecvError::OutOfWindow));
+    // An aggregated frame with a broken message is refused whole.
+    let mut agg = vec![0u8; HEADERS_LEN + 10];
+    let mut h = Header::new(Kind::Data, A, Dest::Server(B));
+    h.flags = wire::flags::RELIABLE | wire::flags::AGGREGATED;
+    h.payload_len = 10;
+    h.emit(&mut agg).unwrap();
+    agg[HEADERS_LEN..HEADERS_LEN + 2].copy_from_slice(&100u16.to_be_bytes());
+    assert!(matches!(b.handle_frame(t, &agg), Err(RecvError::Wire(_))));
+    assert_eq!(b.stats().dropped_frames, 6);
+
+    // After all that, a real message still gets through.
+    a.send(t, msg(b"still here", 4)).unwrap();
+    let mut buf = vec![0u8; 1514];
+    let tx = a
+        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf)
+        .unwrap();
+    b.handle_frame(t, &buf[..tx.len]).unwrap();
+    assert_eq!(
+        b.poll_event(),
+        Some(Event::Message {
+            src: A,
+            service: 4,
+            data: b"still here".to_vec(),
+            reliable: true
+        })
+    );
+}
+
+#[test]
+fn services_share_a_link_fairly_by_weight() {
+    let mut a = Transport::new(A, Config::default());
+    a.configure_service(2, 3, 1 << 20);
+    let t = Time::ZERO;
+    for _ in 0..200 {
+        a.send(t, msg(&[1; 1400], 1)).unwrap();
+        a.send(t, msg(&[2; 1400], 2)).unwrap();
+    }
+    let mut buf = vec![0u8; 1514];
+    let mut per = [0u32; 3];
+    for _ in 0..80 {
+        let tx = a
+            .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf)
+            .unwrap();
+        let v = FrameView::new_checked(&buf[..tx.len]).unwrap();
+        // Each frame carries one 1400-byte message of one service.
+        let svc = v.messages().next().unwrap().unwrap().service;
+        per[usize::from(svc)] += 1;
+    }
+    assert_eq!((per[1], per[2]), (20, 60), "weight 1 : 3");
+}
+
+#[test]
+fn aggregation_deadline_holds_partial_frames() {
+    let cfg = Config {
+        agg_delay: Duration::from_micros(50),
+        ..Config::default()
+    };
+    let mut a = Transport::new(A, cfg);
+    let t0 = Time::ZERO;
+    a.send(t0, msg(&[7; 64], 1)).unwrap();
+    let mut buf = vec![0u8; 1514];
+    assert!(a
+        .poll_transmit(t0, LinkSet::first(1), &one_link, &mut buf)
+        .is_none());
+    assert_eq!(a.poll_timeout(), Some(t0 + Duration::from_micros(50)));
+    let t1 = t0 + Duration::from_micros(10);
+    for _ in 0..5 {
+        a.send(t1, msg(&[7; 64], 1)).unwrap();
+    }
+    assert!(a
+        .poll_transmit(t1, LinkSet::first(1), &one_link, &mut buf)
+        .is_none());
+    let t2 = t0 + Duration::from_micros(50);
+    a.handle_timeout(t2);
+    let tx = a
+        .poll_transmit(t2, LinkSet::first(1), &one_link, &mut buf)
+        .unwrap();
+    assert_eq!((tx.kind, tx.messages), (TxKind::Data, 6));
+    // A full frame goes at once, deadline or not.
+    for _ in 0..30 {
+        a.send(t2, msg(&[7; 64], 1)).unwrap();
+    }
+    let tx = a
+        .poll_transmit(t2, LinkSet::first(1), &one_link, &mut buf)
+        .unwrap();
+    assert_eq!(
+        tx.messages, 20,
+        "1430 payload bytes hold 20 messages of 6 + 64"
+    );
+}
+
+#[test]
+fn unreachable_peer_holds_its_messages_only() {
+    let mut a = Transport::new(A, Config::default());
+    let c = Coord::new(0, 1, 0);
+    let t = Time::ZERO;
+    a.send(
+        t,
+        Outgoing {
+            dest: c,
+            ..msg(b"to c", 1)
+        },
+    )
+    .unwrap();
+    a.send(t, msg(b"to b", 2)).unwrap();
+    let paths = |p: Coord| {
+        if p == B {
+            LinkSet::first(1)
+        } else {
+            LinkSet::EMPTY
+        }
+    };
+    let mut buf = vec![0u8; 1514];
+    let tx = a
+        .poll_transmit(t, LinkSet::first(1), &paths, &mut buf)
+        .unwrap();
+    let v = FrameView::new_checked(&buf[..tx.len]).unwrap();
+    assert_eq!(v.dst(), Dest::Server(B));
+    assert!(a
+        .poll_transmit(t, LinkSet::first(1), &paths, &mut buf)
+        .is_none());
+    assert_eq!(a.queued_messages(), 1);
+}
