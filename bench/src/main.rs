@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod route;
 mod transport;
+mod transport_cost;
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +24,8 @@ enum Cmd {
     Route(route::Args),
     /// The transport core over the deterministic lossy multi-link harness (JSON).
     Transport(transport::Args),
+    /// Sender + receiver over a lossless in-memory link, for instruction counting.
+    TransportCost(transport_cost::Args),
 }
 
 fn main() {
@@ -30,6 +33,7 @@ fn main() {
     let result = match cli.cmd {
         Cmd::Route(a) => route::run(&a),
         Cmd::Transport(a) => transport::run(&a),
+        Cmd::TransportCost(a) => transport_cost::run(&a),
     };
     if let Err(e) = result {
         eprintln!("torus-bench: {e}");

@@ -2,7 +2,9 @@
 //! a link has room, as CamCube's runtime does: a service that floods the node gets its share
 //! and no more, and each queue is bounded, so a full one answers "would block".
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 use super::delivery::Fences;
 use crate::time::Time;
@@ -95,7 +97,9 @@ pub struct Full;
 #[derive(Debug)]
 pub struct FairQueue {
     queues: Vec<ServiceQueue>,
-    index: HashMap<u16, usize>,
+    index: FxHashMap<u16, usize>,
+    /// The queue used last: most sends come from the same service in a row.
+    last: usize,
     cursor: usize,
     turns_left: u32,
     default_limit: usize,
@@ -106,7 +110,8 @@ impl FairQueue {
     pub fn new(default_limit: usize) -> FairQueue {
         FairQueue {
             queues: Vec::new(),
-            index: HashMap::new(),
+            index: FxHashMap::default(),
+            last: 0,
             cursor: 0,
             turns_left: 1,
             default_limit,
@@ -121,7 +126,15 @@ impl FairQueue {
     }
 
     fn slot(&mut self, service: u16) -> usize {
+        if self
+            .queues
+            .get(self.last)
+            .is_some_and(|q| q.service == service)
+        {
+            return self.last;
+        }
         if let Some(&i) = self.index.get(&service) {
+            self.last = i;
             return i;
         }
         self.queues.push(ServiceQueue {

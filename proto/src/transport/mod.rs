@@ -30,7 +30,9 @@ pub mod receiver;
 pub mod sender;
 pub mod seqnum;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 use std::time::Duration;
 
 use connection::Connection;
@@ -309,7 +311,7 @@ pub struct Stats {
 pub struct Transport {
     local: Coord,
     cfg: Config,
-    conns: HashMap<Coord, Connection>,
+    conns: FxHashMap<Coord, Connection>,
     /// Peers with retransmissions, NACKs or ACKs to send.
     urgent: VecDeque<Coord>,
     queues: FairQueue,
@@ -327,7 +329,7 @@ impl Transport {
         Transport {
             local,
             cfg,
-            conns: HashMap::new(),
+            conns: FxHashMap::default(),
             urgent: VecDeque::new(),
             queues: FairQueue::new(cfg.queue_bytes),
             events: VecDeque::new(),
