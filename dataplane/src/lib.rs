@@ -1,4 +1,7 @@
 //! The torusnet dataplane: the XDP program that steers torus frames into AF_XDP sockets,
 //! and (as it grows) the sockets, pollers and runtime of `torusd`.
 
+pub mod loader;
+pub mod netns;
 pub mod xdp_object;
+pub mod xsk;

@@ -1,0 +1,118 @@
+//! Network namespaces for tests, benchmarks and the namespace torus: create one, run the
+//! current thread inside it, delete it when done (also when a test fails: Drop).
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::process::Command;
+
+/// A network namespace made by `ip netns add`, deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+fn ip(args: &[&str]) -> io::Result<()> {
+    let out = Command::new("ip").args(args).output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+impl Netns {
+    /// Creates namespace `name` (replacing a stale one of that name left by a crash).
+    pub fn new(name: &str) -> io::Result<Netns> {
+        let _ = ip(&["netns", "del", name]);
+        ip(&["netns", "add", name])?;
+        ip(&["-n", name, "link", "set", "lo", "up"])?;
+        Ok(Netns {
+            name: name.to_string(),
+        })
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `ip -n NAME ARGS...`.
+    pub fn ip(&self, args: &[&str]) -> io::Result<()> {
+        let mut v = vec!["-n", self.name.as_str()];
+        v.extend_from_slice(args);
+        ip(&v)
+    }
+
+    /// Moves the calling thread into this namespace (only this thread).
+    pub fn enter(&self) -> io::Result<()> {
+        enter(&self.name)
+    }
+}
+
+/// Moves the calling thread into the network namespace `name`.
+pub fn enter(name: &str) -> io::Result<()> {
+    let f = std::fs::File::open(format!("/var/run/netns/{name}"))?;
+    // SAFETY: setns on a namespace fd; affects only the calling thread's network namespace.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.name]);
+    }
+}
+
+/// A veth pair `a` (in namespace `na`) <-> `b` (in namespace `nb`), both up at `mtu`.
+pub fn veth_pair(na: &Netns, a: &str, nb: &Netns, b: &str, mtu: u32) -> io::Result<()> {
+    let m = mtu.to_string();
+    na.ip(&[
+        "link",
+        "add",
+        a,
+        "mtu",
+        &m,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b,
+        "netns",
+        nb.name(),
+        "mtu",
+        &m,
+    ])?;
+    na.ip(&["link", "set", a, "up"])?;
+    nb.ip(&["link", "set", b, "up"])?;
+    Ok(())
+}
+
+/// The MAC address of interface `ifname` in the calling thread's namespace.
+pub fn mac_of(ifname: &str) -> io::Result<[u8; 6]> {
+    let s = std::fs::read_to_string(format!("/sys/class/net/{ifname}/address"))?;
+    parse_mac(s.trim()).ok_or_else(|| io::Error::other(format!("bad MAC {s:?}")))
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in m.iter_mut() {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(m)
+}
+
+/// Formats a MAC address as `aa:bb:cc:dd:ee:ff`.
+pub fn format_mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
