@@ -88,7 +88,7 @@ fn run(mtu: u32) {
             }
         }
         b.rx.release(r);
-        let free = b.fill.free().min(r.max(0));
+        let free = b.fill.free().min(r);
         for i in 0..free {
             b.fill.write(i, umem.alloc().expect("chunk"));
         }
