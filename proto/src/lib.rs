@@ -6,6 +6,7 @@
 
 pub mod harness;
 pub mod keyspace;
+pub mod node;
 pub mod rng;
 pub mod routing;
 pub mod time;

@@ -1,0 +1,512 @@
+//! One torus server's protocol engine, sans-IO: routing view, multi-hop forwarding, key
+//! routing, the reliable transport and delivery to services. The AF_XDP dataplane, the
+//! tests and the simulator all drive this same code; they only move bytes.
+//!
+//! Link ids are the link directions (0:+x .. 5:-z), so a `LinkSet` is a `DirSet`'s bits.
+
+use std::collections::VecDeque;
+
+use crate::keyspace;
+use crate::routing::{LinkView, RouteTable, RoutingError};
+use crate::time::Time;
+use crate::topology::{Coord, Dims, Dir, DirSet};
+use crate::transport::{
+    self, Config as TransportConfig, Fences, LinkSet, Outgoing, RecvError, SendError, Transport,
+};
+use crate::wire::{self, flags, Dest, FrameView, Header, Kind, HEADERS_LEN};
+
+/// What the driver must do with a received frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxAction {
+    /// Handled here (delivered, or protocol state updated): the buffer is free again.
+    Consumed,
+    /// Not for this server: send the (already updated) frame on one of these links, the
+    /// first that has room; drop it if none has.
+    Forward(DirSet),
+    /// Dropped, for this reason.
+    Drop(DropReason),
+}
+
+/// Why a frame was dropped (the per-link drop counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// Not a well-formed torus frame.
+    Malformed,
+    /// A source coordinate outside the torus, or this server's own.
+    BadSource,
+    /// No live path towards its destination.
+    Unreachable,
+    /// Its hop budget ran out (a loop, or a path longer than the TTL).
+    TtlExpired,
+    /// The transport refused it (out of window, bad fragment, too many peers...).
+    Transport,
+    /// A service on the path consumed it.
+    Intercepted,
+}
+
+impl DropReason {
+    /// Every reason, for tables.
+    pub const ALL: [DropReason; 6] = [
+        DropReason::Malformed,
+        DropReason::BadSource,
+        DropReason::Unreachable,
+        DropReason::TtlExpired,
+        DropReason::Transport,
+        DropReason::Intercepted,
+    ];
+
+    /// Short name for counters.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::Malformed => "malformed",
+            DropReason::BadSource => "bad_source",
+            DropReason::Unreachable => "unreachable",
+            DropReason::TtlExpired => "ttl_expired",
+            DropReason::Transport => "transport",
+            DropReason::Intercepted => "intercepted",
+        }
+    }
+}
+
+/// What a service sees and may do with a frame passing through this server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Let it go on.
+    Forward,
+    /// Take it: it goes no further.
+    Consume,
+}
+
+/// A service's hook on frames that pass through this server (CamCube lets services see and
+/// change packets on path). Called for frames flagged `INTERCEPT` of that service.
+pub trait Interceptor: Send {
+    /// Sees the header and may change the payload in place.
+    fn on_path(&mut self, header: &Header, payload: &mut [u8]) -> Verdict;
+}
+
+/// Something the application learns from the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A message for a local service.
+    Message {
+        /// Who sent it.
+        src: Coord,
+        /// The service it is for.
+        service: u16,
+        /// Its bytes.
+        data: Vec<u8>,
+        /// Reliable, or short.
+        reliable: bool,
+        /// The routing key it was sent to, for key-routed messages.
+        key: Option<u64>,
+    },
+    /// A server became unreachable in this server's view (CamCube's failure notification).
+    Unreachable(Coord),
+    /// A server became reachable again.
+    Reachable(Coord),
+}
+
+/// Where a message goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A server.
+    Server(Coord),
+    /// The server that roots a key (re-evaluated at every hop for short messages; resolved
+    /// once, at the sender, for reliable ones, which then travel to that server).
+    Key(u64),
+}
+
+/// How a message is sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MsgOptions {
+    /// Reliable (exactly once, any size, fences honoured) or short (one frame, best effort).
+    pub reliable: bool,
+    /// Ordering constraints (reliable messages).
+    pub fences: Fences,
+    /// Let services on the path see it (key-routed short messages).
+    pub intercept: bool,
+}
+
+/// Counters of the engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Frames forwarded towards another server.
+    pub forwarded: u64,
+    /// Key-routed messages delivered here (this server is the key's root in its view).
+    pub key_delivered: u64,
+    /// Frames seen by an interceptor.
+    pub intercepted: u64,
+}
+
+/// A queued key-routed short message.
+#[derive(Debug)]
+struct KeyMsg {
+    key: u64,
+    service: u16,
+    data: Vec<u8>,
+    intercept: bool,
+}
+
+/// The protocol engine of one server.
+pub struct Node {
+    local: Coord,
+    dims: Dims,
+    routes: RouteTable,
+    view: LinkView,
+    transport: Transport,
+    key_out: VecDeque<KeyMsg>,
+    events: VecDeque<Event>,
+    interceptors: Vec<(u16, Box<dyn Interceptor>)>,
+    stats: NodeStats,
+    mtu: usize,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("local", &self.local)
+            .field("dims", &self.dims)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl Node {
+    /// The engine of server `local` under `view`.
+    pub fn new(local: Coord, view: LinkView, cfg: TransportConfig) -> Result<Node, RoutingError> {
+        let routes = RouteTable::new(&view, local)?;
+        Ok(Node {
+            local,
+            dims: view.dims(),
+            routes,
+            view,
+            transport: Transport::new(local, cfg),
+            key_out: VecDeque::new(),
+            events: VecDeque::new(),
+            interceptors: Vec::new(),
+            stats: NodeStats::default(),
+            mtu: cfg.mtu,
+        })
+    }
+
+    /// This server.
+    pub fn local(&self) -> Coord {
+        self.local
+    }
+
+    /// The torus.
+    pub fn dims(&self) -> Dims {
+        self.dims
+    }
+
+    /// The current view.
+    pub fn view(&self) -> &LinkView {
+        &self.view
+    }
+
+    /// The routing table under the current view.
+    pub fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
+    /// Counters of the engine.
+    pub fn stats(&self) -> NodeStats {
+        self.stats
+    }
+
+    /// Counters of the transport.
+    pub fn transport_stats(&self) -> transport::Stats {
+        self.transport.stats()
+    }
+
+    /// The transport (read-only), for reports.
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    /// Adopts a new link-state view: routes follow, and services are told which servers
+    /// became unreachable or reachable.
+    pub fn set_view(&mut self, view: LinkView) -> Result<(), RoutingError> {
+        if view.dims() != self.dims {
+            return Err(RoutingError::TooLarge(view.dims()));
+        }
+        let before: Vec<bool> = self
+            .dims
+            .coords()
+            .map(|c| self.routes.is_reachable(c))
+            .collect();
+        self.routes.absorb(&view);
+        self.view = view;
+        for (i, was) in before.into_iter().enumerate() {
+            let c = self.dims.coord(i);
+            let now = self.routes.is_reachable(c);
+            if was && !now {
+                self.events.push_back(Event::Unreachable(c));
+            } else if !was && now {
+                self.events.push_back(Event::Reachable(c));
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers a service's on-path hook.
+    pub fn intercept(&mut self, service: u16, hook: Box<dyn Interceptor>) {
+        self.interceptors.retain(|(s, _)| *s != service);
+        self.interceptors.push((service, hook));
+    }
+
+    /// Sets a service's fair-queuing weight and queue limit.
+    pub fn configure_service(&mut self, service: u16, weight: u32, queue_bytes: usize) {
+        self.transport
+            .configure_service(service, weight, queue_bytes);
+    }
+
+    /// Sends a message. Short messages to a key are routed by key at every hop; reliable
+    /// ones go to the key's root in this server's view.
+    pub fn send(
+        &mut self,
+        now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: MsgOptions,
+    ) -> Result<(), SendError> {
+        let MsgOptions {
+            reliable,
+            fences,
+            intercept,
+        } = opts;
+        let dest = match target {
+            Target::Server(c) => c,
+            Target::Key(k) if reliable => self.routes.key_root(k).unwrap_or(self.local),
+            Target::Key(k) => {
+                let max = self.mtu.saturating_sub(wire::TORUS_LEN);
+                if data.len() > max {
+                    return Err(SendError::TooLarge {
+                        len: data.len(),
+                        max,
+                    });
+                }
+                if self.key_out.len() >= 4096 {
+                    return Err(SendError::WouldBlock);
+                }
+                self.key_out.push_back(KeyMsg {
+                    key: k,
+                    service,
+                    data: data.to_vec(),
+                    intercept,
+                });
+                return Ok(());
+            }
+        };
+        if dest == self.local {
+            self.events.push_back(Event::Message {
+                src: self.local,
+                service,
+                data: data.to_vec(),
+                reliable,
+                key: match target {
+                    Target::Key(k) => Some(k),
+                    Target::Server(_) => None,
+                },
+            });
+            return Ok(());
+        }
+        self.transport.send(
+            now,
+            Outgoing {
+                dest,
+                service,
+                data,
+                reliable,
+                fences,
+            },
+        )
+    }
+
+    /// Handles a frame received on link `link` (Ethernet header included). The frame may be
+    /// changed in place (TTL, interceptors) before it is forwarded.
+    pub fn handle_rx(&mut self, now: Time, _link: Dir, frame: &mut [u8]) -> RxAction {
+        let Ok(h) = FrameView::new_checked(frame).and_then(|v| Header::parse(&v)) else {
+            return RxAction::Drop(DropReason::Malformed);
+        };
+        // Our own key-routed frame may come back when a key's root moved while it travelled;
+        // a server-addressed frame from ourselves is bogus.
+        let from_self = h.src == self.local && matches!(h.dst, Dest::Server(_));
+        if !self.dims.contains(h.src) || from_self {
+            return RxAction::Drop(DropReason::BadSource);
+        }
+        if h.kind == Kind::Control {
+            return RxAction::Drop(DropReason::Malformed);
+        }
+        let dest = match h.dst {
+            Dest::Server(d) => {
+                if !self.dims.contains(d) {
+                    return RxAction::Drop(DropReason::Malformed);
+                }
+                d
+            }
+            Dest::Key(k) => match self.routes.key_root(k) {
+                Some(r) => r,
+                None => return RxAction::Drop(DropReason::Unreachable),
+            },
+        };
+        if dest == self.local {
+            return self.deliver(now, &h, frame);
+        }
+        if h.has(flags::INTERCEPT) {
+            if let Some(v) = self.run_interceptor(&h, frame) {
+                if v == Verdict::Consume {
+                    return RxAction::Drop(DropReason::Intercepted);
+                }
+            }
+        }
+        let hops = self.routes.next_hops(dest);
+        if hops.is_empty() {
+            return RxAction::Drop(DropReason::Unreachable);
+        }
+        if !wire::forward_hop(frame) {
+            return RxAction::Drop(DropReason::TtlExpired);
+        }
+        self.stats.forwarded += 1;
+        RxAction::Forward(hops)
+    }
+
+    fn run_interceptor(&mut self, h: &Header, frame: &mut [u8]) -> Option<Verdict> {
+        let hook = self
+            .interceptors
+            .iter_mut()
+            .find(|(s, _)| *s == h.service)?;
+        self.stats.intercepted += 1;
+        let end = HEADERS_LEN + usize::from(h.payload_len);
+        let payload = frame.get_mut(HEADERS_LEN..end)?;
+        Some(hook.1.on_path(h, payload))
+    }
+
+    fn deliver(&mut self, now: Time, h: &Header, frame: &mut [u8]) -> RxAction {
+        if let Dest::Key(k) = h.dst {
+            // Key-routed frames carry short messages, delivered to the key's root.
+            if h.has(flags::INTERCEPT) {
+                let _ = self.run_interceptor(h, frame);
+            }
+            let Ok(v) = FrameView::new_checked(frame) else {
+                return RxAction::Drop(DropReason::Malformed);
+            };
+            self.stats.key_delivered += 1;
+            self.events.push_back(Event::Message {
+                src: h.src,
+                service: h.service,
+                data: v.payload().to_vec(),
+                reliable: false,
+                key: Some(k),
+            });
+            return RxAction::Consumed;
+        }
+        match self.transport.handle_frame(now, frame) {
+            Ok(()) => {}
+            Err(RecvError::Wire(_)) => return RxAction::Drop(DropReason::Malformed),
+            Err(RecvError::FromSelf) => return RxAction::Drop(DropReason::BadSource),
+            Err(_) => return RxAction::Drop(DropReason::Transport),
+        }
+        while let Some(transport::Event::Message {
+            src,
+            service,
+            data,
+            reliable,
+        }) = self.transport.poll_event()
+        {
+            self.events.push_back(Event::Message {
+                src,
+                service,
+                data,
+                reliable,
+                key: None,
+            });
+        }
+        RxAction::Consumed
+    }
+
+    /// The next frame to send, written into `buf` (which holds `mtu + 14` bytes), on one of
+    /// the links in `room`.
+    pub fn poll_transmit(
+        &mut self,
+        now: Time,
+        room: DirSet,
+        buf: &mut [u8],
+    ) -> Option<(Dir, usize)> {
+        let room_links = LinkSet(room.bits());
+        if let Some(t) = self.poll_key(room, buf) {
+            return Some(t);
+        }
+        let routes = &self.routes;
+        let paths = |peer: Coord| LinkSet(routes.next_hops(peer).bits());
+        let t = self.transport.poll_transmit(now, room_links, &paths, buf)?;
+        Some((Dir::from_index(t.link)?, t.len))
+    }
+
+    fn poll_key(&mut self, room: DirSet, buf: &mut [u8]) -> Option<(Dir, usize)> {
+        for _ in 0..self.key_out.len() {
+            let m = self.key_out.pop_front()?;
+            let Some((root, hops)) = self.routes.route_key(m.key) else {
+                // No server reachable at all: the message cannot go anywhere.
+                continue;
+            };
+            if root == self.local {
+                self.stats.key_delivered += 1;
+                self.events.push_back(Event::Message {
+                    src: self.local,
+                    service: m.service,
+                    data: m.data,
+                    reliable: false,
+                    key: Some(m.key),
+                });
+                continue;
+            }
+            let Some(dir) = hops.iter().find(|d| room.contains(*d)) else {
+                self.key_out.push_back(m);
+                continue;
+            };
+            let len = HEADERS_LEN + m.data.len();
+            if buf.len() < len {
+                continue;
+            }
+            let mut h = Header::new(Kind::Data, self.local, Dest::Key(m.key));
+            h.service = m.service;
+            h.payload_len = m.data.len() as u16;
+            if m.intercept {
+                h.flags |= flags::INTERCEPT;
+            }
+            if h.emit(buf).is_err() {
+                continue;
+            }
+            buf[HEADERS_LEN..len].copy_from_slice(&m.data);
+            return Some((dir, len));
+        }
+        None
+    }
+
+    /// The next time `handle_timeout` must run.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.transport.poll_timeout()
+    }
+
+    /// Runs the transport's timers.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.transport.handle_timeout(now);
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Whether anything waits to be sent (so the driver should not sleep).
+    pub fn has_pending(&self) -> bool {
+        !self.key_out.is_empty() || self.transport.queued_messages() > 0
+    }
+
+    /// The root of `key` in this server's view.
+    pub fn key_root(&self, key: u64) -> Option<Coord> {
+        keyspace::root(self.dims, key, |c| self.routes.is_reachable(c))
+    }
+}

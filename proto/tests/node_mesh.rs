@@ -1,0 +1,285 @@
+//! Whole tori of sans-IO engines wired in memory: every pair exchanges reliable messages
+//! over multi-hop paths, key-routed messages land on the root the spec names, failures
+//! reroute traffic and notify services, and interceptors see frames on path.
+
+use std::collections::VecDeque;
+
+use torusnet_proto::keyspace;
+use torusnet_proto::node::{Event, Interceptor, MsgOptions, Node, RxAction, Target, Verdict};
+use torusnet_proto::routing::LinkView;
+use torusnet_proto::time::Time;
+use torusnet_proto::topology::{Coord, Dims, Dir, DirSet};
+use torusnet_proto::transport::Config;
+use torusnet_proto::wire::Header;
+
+struct Mesh {
+    dims: Dims,
+    nodes: Vec<Node>,
+    up: Vec<bool>,
+    wire: VecDeque<(usize, Dir, Vec<u8>)>,
+    now: Time,
+}
+
+impl Mesh {
+    fn new(dims: Dims, view: &LinkView) -> Mesh {
+        let nodes = dims
+            .coords()
+            .map(|c| Node::new(c, view.clone(), Config::default()).unwrap())
+            .collect();
+        Mesh {
+            dims,
+            nodes,
+            up: vec![true; dims.count() as usize],
+            wire: VecDeque::new(),
+            now: Time::ZERO,
+        }
+    }
+
+    fn set_view(&mut self, view: &LinkView) {
+        for n in &mut self.nodes {
+            n.set_view(view.clone()).unwrap();
+        }
+    }
+
+    fn send_frame(&mut self, from: usize, dir: Dir, frame: Vec<u8>) {
+        let c = self.dims.coord(from);
+        let to = self.dims.index(self.dims.neighbor(c, dir));
+        let live = self.nodes[from].view().live_dirs(c).contains(dir);
+        if live && self.up[to] {
+            self.wire.push_back((to, dir.opposite(), frame));
+        }
+    }
+
+    /// Runs until nothing moves; returns delivered events per node.
+    fn run(&mut self) -> Vec<Vec<Event>> {
+        let mut events = vec![Vec::new(); self.nodes.len()];
+        let mut buf = vec![0u8; 1514];
+        for _ in 0..100_000 {
+            let mut moved = false;
+            for i in 0..self.nodes.len() {
+                if !self.up[i] {
+                    continue;
+                }
+                while let Some((dir, len)) =
+                    self.nodes[i].poll_transmit(self.now, DirSet::ALL, &mut buf)
+                {
+                    self.send_frame(i, dir, buf[..len].to_vec());
+                    moved = true;
+                }
+            }
+            while let Some((to, dir, mut frame)) = self.wire.pop_front() {
+                moved = true;
+                match self.nodes[to].handle_rx(self.now, dir, &mut frame) {
+                    RxAction::Forward(hops) => {
+                        let d = hops.iter().next().unwrap();
+                        self.send_frame(to, d, frame);
+                    }
+                    RxAction::Consumed | RxAction::Drop(_) => {}
+                }
+            }
+            for (i, n) in self.nodes.iter_mut().enumerate() {
+                while let Some(e) = n.poll_event() {
+                    events[i].push(e);
+                }
+            }
+            self.now = self.now + std::time::Duration::from_micros(100);
+            for n in &mut self.nodes {
+                n.handle_timeout(self.now);
+            }
+            let busy = self
+                .nodes
+                .iter()
+                .any(|n| n.has_pending() || n.transport().in_flight() > 0);
+            if !moved && !busy {
+                break;
+            }
+        }
+        events
+    }
+}
+
+fn reliable() -> MsgOptions {
+    MsgOptions {
+        reliable: true,
+        ..MsgOptions::default()
+    }
+}
+
+#[test]
+fn every_pair_exchanges_reliable_messages_over_multiple_hops() {
+    let dims = Dims::new(3, 3, 3).unwrap();
+    let view = LinkView::all_up(dims).unwrap();
+    let mut mesh = Mesh::new(dims, &view);
+    let n = dims.count() as usize;
+    for a in 0..n {
+        for b in 0..n {
+            if a != b {
+                let data = format!("{a}->{b}").into_bytes();
+                let t = Target::Server(dims.coord(b));
+                mesh.nodes[a]
+                    .send(Time::ZERO, t, 9, &data, reliable())
+                    .unwrap();
+            }
+        }
+    }
+    let events = mesh.run();
+    for (b, evs) in events.iter().enumerate() {
+        let mut got: Vec<String> = evs
+            .iter()
+            .filter_map(|e| match e {
+                Event::Message {
+                    data,
+                    reliable: true,
+                    ..
+                } => Some(String::from_utf8(data.clone()).unwrap()),
+                _ => None,
+            })
+            .collect();
+        got.sort();
+        let mut want: Vec<String> = (0..n)
+            .filter(|a| *a != b)
+            .map(|a| format!("{a}->{b}"))
+            .collect();
+        want.sort();
+        assert_eq!(got, want, "server {}", dims.coord(b));
+    }
+    let forwarded: u64 = mesh.nodes.iter().map(|n| n.stats().forwarded).sum();
+    assert!(
+        forwarded > 0,
+        "3x3x3 pairs up to 3 hops apart need forwarding"
+    );
+}
+
+#[test]
+fn key_routed_messages_reach_the_spec_root_and_fail_over() {
+    let dims = Dims::new(3, 3, 3).unwrap();
+    let mut view = LinkView::all_up(dims).unwrap();
+    let mut mesh = Mesh::new(dims, &view);
+    let keys: Vec<u64> = (0..200)
+        .map(|i| torusnet_proto::Key::from_string(&format!("k{i}")).routing_key())
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        let from = i % 27;
+        mesh.nodes[from]
+            .send(
+                Time::ZERO,
+                Target::Key(*k),
+                3,
+                &k.to_be_bytes(),
+                MsgOptions::default(),
+            )
+            .unwrap();
+    }
+    let check = |events: &[Vec<Event>], down: Option<Coord>| {
+        let mut count = 0;
+        for (i, evs) in events.iter().enumerate() {
+            for e in evs {
+                if let Event::Message {
+                    key: Some(k), data, ..
+                } = e
+                {
+                    assert_eq!(data, &k.to_be_bytes());
+                    let root = keyspace::root(dims, *k, |c| Some(c) != down).unwrap();
+                    assert_eq!(dims.coord(i), root, "key {k:016x} delivered off its root");
+                    count += 1;
+                }
+            }
+        }
+        count
+    };
+    let events = mesh.run();
+    assert_eq!(check(&events, None), keys.len());
+
+    // A server fails: its keys move to the next candidate, per GetServersForKey.
+    let dead = Coord::new(1, 1, 1);
+    view.set_server(dead, false).unwrap();
+    mesh.up[dims.index(dead)] = false;
+    mesh.set_view(&view);
+    for (i, k) in keys.iter().enumerate() {
+        let from = (i * 7 + 1) % 27;
+        if from != dims.index(dead) {
+            mesh.nodes[from]
+                .send(
+                    mesh.now,
+                    Target::Key(*k),
+                    3,
+                    &k.to_be_bytes(),
+                    MsgOptions::default(),
+                )
+                .unwrap();
+        }
+    }
+    let events = mesh.run();
+    let unreachable = events[0]
+        .iter()
+        .filter(|e| **e == Event::Unreachable(dead))
+        .count();
+    assert_eq!(unreachable, 1, "services are told the server died");
+    let delivered = check(&events, Some(dead));
+    assert_eq!(
+        delivered,
+        keys.len()
+            - keys
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| (i * 7 + 1) % 27 == dims.index(dead))
+                .count()
+    );
+}
+
+#[test]
+fn routes_go_around_a_cut_link() {
+    let dims = Dims::new(3, 1, 1).unwrap();
+    let mut view = LinkView::all_up(dims).unwrap();
+    view.set_link(Coord::new(0, 0, 0), Dir::PlusX, false)
+        .unwrap();
+    let mut mesh = Mesh::new(dims, &view);
+    mesh.nodes[0]
+        .send(
+            Time::ZERO,
+            Target::Server(Coord::new(1, 0, 0)),
+            1,
+            b"around",
+            reliable(),
+        )
+        .unwrap();
+    let events = mesh.run();
+    assert!(events[1]
+        .iter()
+        .any(|e| matches!(e, Event::Message { data, .. } if data == b"around")));
+    // The message and the ACK coming back both take the long way, through 2,0,0.
+    assert_eq!(mesh.nodes[2].stats().forwarded, 2);
+}
+
+struct Tagger;
+impl Interceptor for Tagger {
+    fn on_path(&mut self, _h: &Header, payload: &mut [u8]) -> Verdict {
+        if let Some(b) = payload.first_mut() {
+            *b = b'!';
+        }
+        Verdict::Forward
+    }
+}
+
+#[test]
+fn interceptors_see_and_change_frames_on_path() {
+    let dims = Dims::new(5, 1, 1).unwrap();
+    let view = LinkView::all_up(dims).unwrap();
+    let mut mesh = Mesh::new(dims, &view);
+    // A key rooted at 2,0,0, sent from 0,0,0: it passes 1,0,0.
+    let k = (13107u64 * 2 + 1) << 48;
+    assert_eq!(keyspace::root(dims, k, |_| true), Some(Coord::new(2, 0, 0)));
+    mesh.nodes[1].intercept(4, Box::new(Tagger));
+    let opts = MsgOptions {
+        intercept: true,
+        ..MsgOptions::default()
+    };
+    mesh.nodes[0]
+        .send(Time::ZERO, Target::Key(k), 4, b"?hello", opts)
+        .unwrap();
+    let events = mesh.run();
+    assert!(events[2]
+        .iter()
+        .any(|e| matches!(e, Event::Message { data, .. } if data == b"!hello")));
+    assert_eq!(mesh.nodes[1].stats().intercepted, 1);
+}
