@@ -1,7 +1,11 @@
 //! The torusnet dataplane: the XDP program that steers torus frames into AF_XDP sockets,
 //! and (as it grows) the sockets, pollers and runtime of `torusd`.
 
+pub mod config;
+pub mod counters;
 pub mod loader;
 pub mod netns;
+pub mod poller;
+pub mod runtime;
 pub mod xdp_object;
 pub mod xsk;

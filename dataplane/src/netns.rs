@@ -2,7 +2,7 @@
 //! current thread inside it, delete it when done (also when a test fails: Drop).
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::process::Command;
 
 /// A network namespace made by `ip netns add`, deleted on drop.
@@ -93,10 +93,42 @@ pub fn veth_pair(na: &Netns, a: &str, nb: &Netns, b: &str, mtu: u32) -> io::Resu
     Ok(())
 }
 
-/// The MAC address of interface `ifname` in the calling thread's namespace.
+/// The MAC address of interface `ifname` in the calling thread's network namespace (by
+/// ioctl, since /sys shows the namespace sysfs was mounted in, not the thread's).
 pub fn mac_of(ifname: &str) -> io::Result<[u8; 6]> {
-    let s = std::fs::read_to_string(format!("/sys/class/net/{ifname}/address"))?;
-    parse_mac(s.trim()).ok_or_else(|| io::Error::other(format!("bad MAC {s:?}")))
+    if ifname.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::other(format!(
+            "interface name {ifname:?} is too long"
+        )));
+    }
+    // SAFETY: a throwaway datagram socket for the ioctl.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is ours.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain data; zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(ifname.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFHWADDR fills req.ifr_ifru with the hardware address.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("{ifname}: cannot read its MAC address: {e}"),
+        ));
+    }
+    // SAFETY: after SIOCGIFHWADDR the union holds a sockaddr.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut m = [0u8; 6];
+    for (d, s) in m.iter_mut().zip(sa.sa_data.iter()) {
+        *d = *s as u8;
+    }
+    Ok(m)
 }
 
 /// Parses `aa:bb:cc:dd:ee:ff`.

@@ -1,0 +1,360 @@
+//! `torusd`'s configuration file (TOML): the torus, this server's place in it, its links,
+//! cores, MTU, polling mode and where the link-state view comes from.
+//!
+//! ```toml
+//! dims = "3x3x3"
+//! coord = "0,0,0"          # until the control process assigns it
+//! mtu = 1500
+//! cores = [0]
+//! polling = "adaptive"     # or "busy"
+//! socket = "/run/torusnet/n000.sock"
+//!
+//! [[link]]
+//! ifname = "tn-000-px"
+//! dir = "+x"
+//! neighbor_mac = "02:00:00:00:01:00"
+//!
+//! [view]                   # static view (the control process replaces it)
+//! down_links = ["1,0,0:+y"]
+//! down_servers = []
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use torusnet_proto::routing::LinkView;
+use torusnet_proto::topology::{Coord, Dims, Dir, DirSet};
+use torusnet_proto::transport::Config as TransportConfig;
+
+use crate::netns::parse_mac;
+
+/// Why a configuration was refused: one line naming the field and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {err}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        err: std::io::Error,
+    },
+    /// Not valid TOML, or a field of the wrong type.
+    #[error("{path}: {err}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        err: String,
+    },
+    /// A value out of range or inconsistent with another.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// How pollers wait for work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Polling {
+    /// Spin on the rings: lowest latency, one core each.
+    Busy,
+    /// Spin while there is traffic, sleep in poll() when idle (many servers per core).
+    Adaptive,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLink {
+    ifname: String,
+    dir: String,
+    neighbor_mac: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawView {
+    #[serde(default)]
+    down_links: Vec<String>,
+    #[serde(default)]
+    down_servers: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTransport {
+    window: Option<u32>,
+    aggregate: Option<bool>,
+    agg_delay_us: Option<u64>,
+    queue_bytes: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    name: Option<String>,
+    dims: String,
+    coord: String,
+    #[serde(default = "default_mtu")]
+    mtu: u32,
+    #[serde(default)]
+    cores: Vec<usize>,
+    #[serde(default = "default_polling")]
+    polling: Polling,
+    socket: Option<PathBuf>,
+    #[serde(default)]
+    link: Vec<RawLink>,
+    #[serde(default)]
+    view: RawView,
+    #[serde(default)]
+    transport: RawTransport,
+    #[serde(default = "default_umem_chunks")]
+    umem_chunks: u32,
+}
+
+fn default_mtu() -> u32 {
+    1500
+}
+fn default_polling() -> Polling {
+    Polling::Busy
+}
+fn default_umem_chunks() -> u32 {
+    8192
+}
+
+/// One link of this server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkConfig {
+    /// The interface.
+    pub ifname: String,
+    /// Its direction in the torus.
+    pub dir: Dir,
+    /// The neighbour's MAC, when known (frames from any other source are dropped).
+    pub neighbor_mac: Option<[u8; 6]>,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// A label for logs and status.
+    pub name: String,
+    /// The torus.
+    pub dims: Dims,
+    /// This server.
+    pub coord: Coord,
+    /// Link MTU (bytes after the Ethernet header).
+    pub mtu: u32,
+    /// Cores to pin pollers to (empty: not pinned).
+    pub cores: Vec<usize>,
+    /// How pollers wait.
+    pub polling: Polling,
+    /// The management socket.
+    pub socket: PathBuf,
+    /// This server's links.
+    pub links: Vec<LinkConfig>,
+    /// The initial view.
+    pub view: LinkView,
+    /// Transport settings.
+    pub transport: TransportConfig,
+    /// UMEM chunks (4 KiB each) shared by all links.
+    pub umem_chunks: u32,
+}
+
+impl NodeConfig {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<NodeConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read {
+            path: path.to_path_buf(),
+            err,
+        })?;
+        NodeConfig::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { err, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                err,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates configuration text.
+    pub fn parse(text: &str) -> Result<NodeConfig, ConfigError> {
+        let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<config>"),
+            err: e.to_string().replace('\n', " "),
+        })?;
+        let bad = |s: String| ConfigError::Invalid(s);
+        let dims: Dims = raw.dims.parse().map_err(|e| bad(format!("dims: {e}")))?;
+        let coord: Coord = raw.coord.parse().map_err(|e| bad(format!("coord: {e}")))?;
+        dims.check(coord).map_err(|e| bad(format!("coord: {e}")))?;
+        if !(576..=9000).contains(&raw.mtu) {
+            return Err(bad(format!("mtu: {} is outside 576..=9000", raw.mtu)));
+        }
+        let mut links = Vec::new();
+        let mut seen = DirSet::EMPTY;
+        for l in &raw.link {
+            let dir: Dir = l
+                .dir
+                .parse()
+                .map_err(|e| bad(format!("link {}: {e}", l.ifname)))?;
+            if !dims.has_links(dir) {
+                return Err(bad(format!(
+                    "link {}: direction {dir} does not exist in a {dims} torus",
+                    l.ifname
+                )));
+            }
+            if seen.contains(dir) {
+                return Err(bad(format!(
+                    "link {}: direction {dir} configured twice",
+                    l.ifname
+                )));
+            }
+            seen = seen.with(dir);
+            let neighbor_mac = match &l.neighbor_mac {
+                Some(m) => Some(parse_mac(m).ok_or_else(|| {
+                    bad(format!(
+                        "link {}: neighbor_mac {m:?} is not aa:bb:cc:dd:ee:ff",
+                        l.ifname
+                    ))
+                })?),
+                None => None,
+            };
+            links.push(LinkConfig {
+                ifname: l.ifname.clone(),
+                dir,
+                neighbor_mac,
+            });
+        }
+        if links.is_empty() {
+            return Err(bad(
+                "no [[link]] configured: a server needs at least one link".into(),
+            ));
+        }
+        let mut view = LinkView::all_up(dims).map_err(|e| bad(format!("dims: {e}")))?;
+        // Our own unconfigured directions are down: nothing is plugged in there.
+        for d in dims.link_dirs().iter() {
+            if !seen.contains(d) {
+                view.set_link(coord, d, false)
+                    .map_err(|e| bad(e.to_string()))?;
+            }
+        }
+        for s in &raw.view.down_links {
+            let (c, d) = s
+                .split_once(':')
+                .ok_or_else(|| bad(format!("view.down_links: {s:?} is not x,y,z:DIR")))?;
+            let c: Coord = c
+                .parse()
+                .map_err(|e| bad(format!("view.down_links: {e}")))?;
+            let d: Dir = d
+                .parse()
+                .map_err(|e| bad(format!("view.down_links: {e}")))?;
+            dims.check(c)
+                .map_err(|e| bad(format!("view.down_links: {e}")))?;
+            view.set_link(c, d, false).map_err(|e| bad(e.to_string()))?;
+        }
+        for s in &raw.view.down_servers {
+            let c: Coord = s
+                .parse()
+                .map_err(|e| bad(format!("view.down_servers: {e}")))?;
+            dims.check(c)
+                .map_err(|e| bad(format!("view.down_servers: {e}")))?;
+            view.set_server(c, false).map_err(|e| bad(e.to_string()))?;
+        }
+        let ncpu = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        for c in &raw.cores {
+            if *c >= ncpu {
+                return Err(bad(format!(
+                    "cores: core {c} does not exist (this machine has {ncpu})"
+                )));
+            }
+        }
+        let mut transport = TransportConfig {
+            mtu: raw.mtu as usize,
+            ..TransportConfig::default()
+        };
+        if let Some(w) = raw.transport.window {
+            if w == 0 || w > 65536 {
+                return Err(bad(format!("transport.window: {w} is outside 1..=65536")));
+            }
+            transport.window = w;
+        }
+        if let Some(a) = raw.transport.aggregate {
+            transport.aggregate = a;
+        }
+        if let Some(d) = raw.transport.agg_delay_us {
+            transport.agg_delay = std::time::Duration::from_micros(d);
+        }
+        if let Some(q) = raw.transport.queue_bytes {
+            transport.queue_bytes = q;
+        }
+        if raw.umem_chunks < 256 {
+            return Err(bad(format!(
+                "umem_chunks: {} is below 256",
+                raw.umem_chunks
+            )));
+        }
+        let name = raw
+            .name
+            .unwrap_or_else(|| format!("{}", coord).replace(',', "-"));
+        let socket = raw
+            .socket
+            .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}.sock")));
+        Ok(NodeConfig {
+            name,
+            dims,
+            coord,
+            mtu: raw.mtu,
+            cores: raw.cores,
+            polling: raw.polling,
+            socket,
+            links,
+            view,
+            transport,
+            umem_chunks: raw.umem_chunks,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        dims = "2x1x1"
+        coord = "0,0,0"
+        mtu = 9000
+        polling = "adaptive"
+        [[link]]
+        ifname = "a0"
+        dir = "+x"
+        neighbor_mac = "02:00:00:00:00:01"
+    "#;
+
+    #[test]
+    fn parses_and_marks_unplugged_directions_down() {
+        let c = NodeConfig::parse(GOOD).unwrap();
+        assert_eq!(c.mtu, 9000);
+        assert_eq!(c.polling, Polling::Adaptive);
+        assert_eq!(c.links[0].neighbor_mac, Some([2, 0, 0, 0, 0, 1]));
+        assert_eq!(c.view.live_dirs(c.coord), DirSet::EMPTY.with(Dir::PlusX));
+    }
+
+    #[test]
+    fn refuses_bad_values_with_the_field_named() {
+        let cases = [
+            (GOOD.replace("2x1x1", "2x0x1"), "dims"),
+            (GOOD.replace("\"0,0,0\"", "\"5,0,0\""), "coord"),
+            (GOOD.replace("9000", "70000"), "mtu"),
+            (GOOD.replace("\"+x\"", "\"+y\""), "does not exist"),
+            (GOOD.replace("02:00:00:00:00:01", "zz"), "neighbor_mac"),
+            (GOOD.replace("polling = \"adaptive\"", "polling = \"lazy\""), "polling"),
+            (GOOD.replace("mtu = 9000", "mtu = 9000\nbogus = 1"), "bogus"),
+            (GOOD.replace("[[link]]\n        ifname = \"a0\"\n        dir = \"+x\"\n        neighbor_mac = \"02:00:00:00:00:01\"", ""), "no [[link]]"),
+        ];
+        for (text, want) in cases {
+            let e = NodeConfig::parse(&text).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+}

@@ -1,0 +1,609 @@
+//! The poller: one thread that owns a server's rings, UMEM and protocol engine, and moves
+//! frames between them. It holds no protocol logic: every decision is the engine's
+//! (`proto::node`); this loop only reads descriptors, hands bytes over, and puts the
+//! engine's answers back on the rings.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use torusnet_proto::node::{Event, Node, RxAction};
+use torusnet_proto::time::Time;
+use torusnet_proto::topology::{Dir, DirSet};
+
+use crate::config::Polling;
+use crate::counters::{add, LinkCounters};
+use crate::loader::XdpAttachment;
+use crate::runtime::{Command, EngineSnapshot, Inbox, Shared, TransportStatus};
+use crate::xsk::sys::XDP_PKT_CONTD;
+use crate::xsk::{Umem, XdpDesc, XskSocket, CHUNK};
+
+/// Frames handled per ring per turn, so no link starves the others.
+const BATCH: u32 = 64;
+
+/// One link as the poller sees it.
+#[derive(Debug)]
+pub struct Port {
+    dir: Dir,
+    local_mac: [u8; 6],
+    neighbor_mac: Option<[u8; 6]>,
+    pub(crate) xsk: XskSocket,
+    xdp: XdpAttachment,
+    /// Descriptors put on the TX ring since the last kick.
+    unkicked: u32,
+}
+
+impl Port {
+    /// A port over a bound socket and its attached program.
+    pub fn new(
+        dir: Dir,
+        local_mac: [u8; 6],
+        neighbor_mac: Option<[u8; 6]>,
+        xsk: XskSocket,
+        xdp: XdpAttachment,
+    ) -> Port {
+        Port {
+            dir,
+            local_mac,
+            neighbor_mac,
+            xsk,
+            xdp,
+            unkicked: 0,
+        }
+    }
+}
+
+/// The poller of one server.
+pub struct Poller {
+    node: Node,
+    umem: Umem,
+    ports: Vec<Port>,
+    by_dir: [Option<usize>; 6],
+    shared: Arc<Shared>,
+    epoch: Instant,
+    mtu: usize,
+    chunks_per_frame: u32,
+    fill_target: u32,
+    /// A command the engine could not take yet (its queue was full).
+    pending: Option<Command>,
+    inboxes: HashMap<u16, Arc<Inbox>>,
+    inbox_version: u64,
+    /// Events for services whose inbox was full.
+    overflow: VecDeque<(u16, Event)>,
+    overflow_drops: u64,
+    /// Reassembly of multi-buffer frames and building of jumbo frames.
+    scratch: Vec<u8>,
+    /// Descriptors of the multi-buffer frame being received.
+    parts: Vec<XdpDesc>,
+    view_version: u64,
+    last_snapshot: Instant,
+}
+
+impl Poller {
+    /// A poller for these ports, all sharing `umem`.
+    pub fn new(
+        node: Node,
+        umem: Umem,
+        ports: Vec<Port>,
+        shared: Arc<Shared>,
+        mtu: usize,
+    ) -> Poller {
+        let mut by_dir = [None; 6];
+        for (i, p) in ports.iter().enumerate() {
+            by_dir[usize::from(p.dir.index())] = Some(i);
+        }
+        let ring = ports.first().map(|p| p.xsk.fill.size()).unwrap_or(2048);
+        let fill_target = (ring / 2)
+            .min(umem.chunks() / (2 * ports.len().max(1) as u32))
+            .max(16);
+        Poller {
+            node,
+            umem,
+            ports,
+            by_dir,
+            shared,
+            epoch: Instant::now(),
+            mtu,
+            chunks_per_frame: (mtu + 14).div_ceil(CHUNK) as u32,
+            fill_target,
+            pending: None,
+            inboxes: HashMap::new(),
+            inbox_version: u64::MAX,
+            overflow: VecDeque::new(),
+            overflow_drops: 0,
+            scratch: vec![0u8; mtu + 14],
+            parts: Vec::new(),
+            view_version: 1,
+            last_snapshot: Instant::now() - Duration::from_secs(1),
+        }
+    }
+
+    fn now(&self) -> Time {
+        Time::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn counters(&self, port: usize) -> &LinkCounters {
+        &self.shared.links[port].counters
+    }
+
+    /// Runs until shutdown.
+    pub fn run(mut self) -> Result<(), String> {
+        for i in 0..self.ports.len() {
+            self.refill(i);
+        }
+        let mut idle_turns = 0u32;
+        while !self.shared.shutdown.load(Ordering::Acquire) {
+            let mut work = 0usize;
+            work += self.take_commands();
+            for i in 0..self.ports.len() {
+                work += self.receive(i);
+            }
+            let now = self.now();
+            if self.node.poll_timeout().is_some_and(|t| t <= now) {
+                self.node.handle_timeout(now);
+            }
+            work += self.transmit();
+            for i in 0..self.ports.len() {
+                self.complete(i);
+                self.refill(i);
+            }
+            work += self.deliver_events();
+            if self.last_snapshot.elapsed() >= Duration::from_millis(100) {
+                self.publish();
+            }
+            if work > 0 {
+                idle_turns = 0;
+                continue;
+            }
+            idle_turns += 1;
+            match self.shared.polling {
+                Polling::Busy => std::hint::spin_loop(),
+                Polling::Adaptive if idle_turns > 64 => self.sleep(),
+                Polling::Adaptive => std::hint::spin_loop(),
+            }
+        }
+        self.publish();
+        Ok(())
+    }
+
+    /// Sleeps in poll() on every socket and the wake eventfd until traffic, a command or
+    /// the engine's next timer.
+    fn sleep(&mut self) {
+        let now = self.now();
+        let timer = self
+            .node
+            .poll_timeout()
+            .map(|t| t.since(now))
+            .unwrap_or(Duration::from_millis(100));
+        let ms = timer.min(Duration::from_millis(100)).as_millis() as i32;
+        let mut fds: Vec<libc::pollfd> = self
+            .ports
+            .iter()
+            .map(|p| libc::pollfd {
+                fd: p.xsk.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        fds.push(libc::pollfd {
+            fd: self.shared.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        self.shared.sleeping.store(true, Ordering::Release);
+        if self.shared.commands.is_empty() && !self.shared.shutdown.load(Ordering::Acquire) {
+            // SAFETY: fds is a valid array of pollfd of the given length.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms.max(0)) };
+        }
+        self.shared.sleeping.store(false, Ordering::Release);
+        let mut buf = 0u64;
+        // SAFETY: draining our eventfd (8 bytes); EAGAIN when nothing was written is fine.
+        unsafe {
+            libc::read(
+                self.shared.wake.as_raw_fd(),
+                (&mut buf as *mut u64).cast(),
+                8,
+            );
+        }
+    }
+
+    fn take_commands(&mut self) -> usize {
+        let mut n = 0;
+        for _ in 0..256 {
+            let cmd = match self.pending.take() {
+                Some(c) => c,
+                None => match self.shared.commands.pop() {
+                    Some(c) => c,
+                    None => break,
+                },
+            };
+            match cmd {
+                Command::Send {
+                    target,
+                    service,
+                    data,
+                    opts,
+                } => {
+                    let now = self.now();
+                    match self.node.send(now, target, service, &data, opts) {
+                        Ok(()) => n += 1,
+                        Err(torusnet_proto::transport::SendError::WouldBlock) => {
+                            // The engine's queue is full: hold it, take no more for now.
+                            self.pending = Some(Command::Send {
+                                target,
+                                service,
+                                data,
+                                opts,
+                            });
+                            break;
+                        }
+                        // Too large or to self: the message cannot be sent; dropped here,
+                        // the sender was told at its own checks where it could be.
+                        Err(_) => n += 1,
+                    }
+                }
+                Command::SetFault { dir, drop } => {
+                    if let Some(i) = self.by_dir[usize::from(dir.index())] {
+                        let _ = self.ports[i].xdp.set_fault_drop(drop);
+                    }
+                    n += 1;
+                }
+                Command::SetView(view) => {
+                    if self.node.set_view(*view).is_ok() {
+                        self.view_version += 1;
+                    }
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// Reads up to a batch of frames from port `i` and acts on each.
+    fn receive(&mut self, i: usize) -> usize {
+        let avail = self.ports[i].xsk.rx.available(BATCH);
+        if avail == 0 {
+            return 0;
+        }
+        let dir = self.ports[i].dir;
+        let mut frames = 0;
+        for k in 0..avail {
+            let d = self.ports[i].xsk.rx.read(k);
+            if d.options & XDP_PKT_CONTD != 0 || !self.parts.is_empty() {
+                self.parts.push(d);
+                if d.options & XDP_PKT_CONTD != 0 {
+                    continue;
+                }
+            }
+            frames += 1;
+            if self.parts.is_empty() {
+                self.rx_single(i, dir, d);
+            } else {
+                self.rx_multi(i, dir);
+            }
+        }
+        self.ports[i].xsk.rx.release(avail);
+        frames
+    }
+
+    fn check_mac(&self, i: usize, frame: &[u8]) -> bool {
+        match self.ports[i].neighbor_mac {
+            Some(m) => frame.len() >= 12 && frame[6..12] == m,
+            None => true,
+        }
+    }
+
+    fn rx_single(&mut self, i: usize, dir: Dir, d: XdpDesc) {
+        let c = &self.shared.links[i].counters;
+        add(&c.rx_frames, 1);
+        add(&c.rx_bytes, u64::from(d.len));
+        let now = self.now();
+        let frame = self.umem.slice(d.addr, d.len as usize);
+        if !self.check_mac(i, frame) {
+            add(&self.counters(i).drop_bad_mac, 1);
+            self.umem.release(d.addr);
+            return;
+        }
+        let frame = self.umem.slice_mut(d.addr, d.len as usize);
+        match self.node.handle_rx(now, dir, frame) {
+            RxAction::Consumed => self.umem.release(d.addr),
+            RxAction::Drop(r) => {
+                self.counters(i).drop(r);
+                self.umem.release(d.addr);
+            }
+            RxAction::Forward(hops) => {
+                let descs = [d];
+                if !self.forward(i, hops, &descs) {
+                    add(&self.counters(i).drop_no_room, 1);
+                    self.umem.release(d.addr);
+                }
+            }
+        }
+    }
+
+    fn rx_multi(&mut self, i: usize, dir: Dir) {
+        let parts = std::mem::take(&mut self.parts);
+        let total: usize = parts.iter().map(|p| p.len as usize).sum();
+        let c = &self.shared.links[i].counters;
+        add(&c.rx_frames, 1);
+        add(&c.rx_bytes, total as u64);
+        let release = |umem: &mut Umem, parts: &[XdpDesc]| {
+            for p in parts {
+                umem.release(p.addr);
+            }
+        };
+        if total > self.scratch.len() {
+            add(&self.counters(i).drop_malformed, 1);
+            release(&mut self.umem, &parts);
+            self.parts = parts;
+            self.parts.clear();
+            return;
+        }
+        let mut at = 0;
+        for p in &parts {
+            let s = self.umem.slice(p.addr, p.len as usize);
+            self.scratch[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        }
+        if !self.check_mac(i, &self.scratch[..total]) {
+            add(&self.counters(i).drop_bad_mac, 1);
+            release(&mut self.umem, &parts);
+        } else {
+            let now = self.now();
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let action = self.node.handle_rx(now, dir, &mut scratch[..total]);
+            match action {
+                RxAction::Consumed => release(&mut self.umem, &parts),
+                RxAction::Drop(r) => {
+                    self.counters(i).drop(r);
+                    release(&mut self.umem, &parts);
+                }
+                RxAction::Forward(hops) => {
+                    // The header (TTL) changed in the scratch copy; it lies in the first
+                    // buffer, so write that buffer back and move all of them.
+                    let first = parts[0];
+                    let n = first.len as usize;
+                    self.umem
+                        .slice_mut(first.addr, n)
+                        .copy_from_slice(&scratch[..n]);
+                    if !self.forward(i, hops, &parts) {
+                        add(&self.counters(i).drop_no_room, 1);
+                        release(&mut self.umem, &parts);
+                    }
+                }
+            }
+            self.scratch = scratch;
+        }
+        self.parts = parts;
+        self.parts.clear();
+    }
+
+    /// Moves a received frame's descriptors to the TX ring of the first next-hop link with
+    /// room, rewriting the Ethernet addresses for that link. No copy: the UMEM is shared.
+    fn forward(&mut self, from: usize, hops: DirSet, descs: &[XdpDesc]) -> bool {
+        let need = descs.len() as u32;
+        for d in hops.iter() {
+            let Some(o) = self.by_dir[usize::from(d.index())] else {
+                continue;
+            };
+            if self.ports[o].xsk.tx.free() < need {
+                add(&self.counters(o).tx_ring_full, 1);
+                continue;
+            }
+            let first = descs[0];
+            let (src, dst) = (self.ports[o].local_mac, self.ports[o].neighbor_mac);
+            let head = self.umem.slice_mut(first.addr, 12);
+            head[0..6].copy_from_slice(&dst.unwrap_or([0xff; 6]));
+            head[6..12].copy_from_slice(&src);
+            let mut bytes = 0u64;
+            for (k, x) in descs.iter().enumerate() {
+                self.ports[o].xsk.tx.write(k as u32, *x);
+                bytes += u64::from(x.len);
+            }
+            self.ports[o].xsk.tx.submit(need);
+            self.ports[o].unkicked += need;
+            add(&self.counters(from).forwarded, 1);
+            let c = self.counters(o);
+            add(&c.tx_frames, 1);
+            add(&c.tx_bytes, bytes);
+            return true;
+        }
+        false
+    }
+
+    /// Asks the engine for frames while links have room and chunks are free.
+    fn transmit(&mut self) -> usize {
+        let mut sent = 0;
+        for _ in 0..BATCH * self.ports.len().max(1) as u32 {
+            let mut room = DirSet::EMPTY;
+            for p in &mut self.ports {
+                if p.xsk.tx.free() >= self.chunks_per_frame {
+                    room = room.with(p.dir);
+                }
+            }
+            if room.is_empty() || self.umem.free_chunks() < self.chunks_per_frame as usize {
+                break;
+            }
+            let now = self.now();
+            let out = if self.chunks_per_frame == 1 {
+                let Some(addr) = self.umem.alloc() else { break };
+                let buf = self.umem.slice_mut(addr, CHUNK);
+                match self.node.poll_transmit(now, room, buf) {
+                    Some((dir, len)) => Some((
+                        dir,
+                        vec![XdpDesc {
+                            addr,
+                            len: len as u32,
+                            options: 0,
+                        }],
+                    )),
+                    None => {
+                        self.umem.release(addr);
+                        None
+                    }
+                }
+            } else {
+                let mut scratch = std::mem::take(&mut self.scratch);
+                let r = self
+                    .node
+                    .poll_transmit(now, room, &mut scratch[..self.mtu + 14]);
+                let out = r.map(|(dir, len)| {
+                    let mut descs = Vec::new();
+                    for part in scratch[..len].chunks(CHUNK) {
+                        if let Some(addr) = self.umem.alloc() {
+                            self.umem.slice_mut(addr, part.len()).copy_from_slice(part);
+                            descs.push(XdpDesc {
+                                addr,
+                                len: part.len() as u32,
+                                options: XDP_PKT_CONTD,
+                            });
+                        }
+                    }
+                    if let Some(last) = descs.last_mut() {
+                        last.options = 0;
+                    }
+                    (dir, descs)
+                });
+                self.scratch = scratch;
+                out
+            };
+            let Some((dir, descs)) = out else { break };
+            let Some(o) = self.by_dir[usize::from(dir.index())] else {
+                for d in &descs {
+                    self.umem.release(d.addr);
+                }
+                continue;
+            };
+            let (src, dst) = (self.ports[o].local_mac, self.ports[o].neighbor_mac);
+            let head = self.umem.slice_mut(descs[0].addr, 12);
+            head[0..6].copy_from_slice(&dst.unwrap_or([0xff; 6]));
+            head[6..12].copy_from_slice(&src);
+            let n = descs.len() as u32;
+            let bytes: u64 = descs.iter().map(|d| u64::from(d.len)).sum();
+            for (k, d) in descs.iter().enumerate() {
+                self.ports[o].xsk.tx.write(k as u32, *d);
+            }
+            self.ports[o].xsk.tx.submit(n);
+            self.ports[o].unkicked += n;
+            let c = self.counters(o);
+            add(&c.tx_frames, 1);
+            add(&c.tx_bytes, bytes);
+            sent += 1;
+        }
+        for p in &mut self.ports {
+            if p.unkicked > 0 {
+                // Copy mode sends only on a kick; zero-copy only when the ring asks for one.
+                if !p.xsk.info().zero_copy || p.xsk.tx.needs_wakeup() {
+                    let _ = p.xsk.kick_tx();
+                }
+                p.unkicked = 0;
+            }
+        }
+        sent
+    }
+
+    /// Takes back chunks the kernel has finished sending.
+    fn complete(&mut self, i: usize) {
+        let n = self.ports[i].xsk.comp.available(u32::MAX);
+        for k in 0..n {
+            let a = self.ports[i].xsk.comp.read(k);
+            self.umem.release(a);
+        }
+        self.ports[i].xsk.comp.release(n);
+    }
+
+    /// Keeps port `i`'s fill ring stocked with free chunks.
+    fn refill(&mut self, i: usize) {
+        let outstanding = self.ports[i].xsk.fill.outstanding();
+        if outstanding >= self.fill_target {
+            return;
+        }
+        let want = (self.fill_target - outstanding).min(self.ports[i].xsk.fill.free());
+        let mut n = 0;
+        while n < want {
+            let Some(a) = self.umem.alloc() else {
+                add(&self.counters(i).fill_starved, 1);
+                break;
+            };
+            self.ports[i].xsk.fill.write(n, a);
+            n += 1;
+        }
+        if n > 0 {
+            self.ports[i].xsk.fill.submit(n);
+            self.ports[i].xsk.wake_rx();
+        }
+    }
+
+    /// Hands the engine's events to the services' inboxes.
+    fn deliver_events(&mut self) -> usize {
+        let v = self.shared.services_version.load(Ordering::Acquire);
+        if v != self.inbox_version {
+            self.inboxes = self.shared.services.lock().clone();
+            self.inbox_version = v;
+        }
+        let mut n = 0;
+        for _ in 0..self.overflow.len() {
+            let Some((s, e)) = self.overflow.pop_front() else {
+                break;
+            };
+            self.push_event(s, e);
+        }
+        while let Some(e) = self.node.poll_event() {
+            n += 1;
+            match &e {
+                Event::Message { service, .. } => {
+                    let s = *service;
+                    self.push_event(s, e);
+                }
+                Event::Unreachable(_) | Event::Reachable(_) => {
+                    let ids: Vec<u16> = self.inboxes.keys().copied().collect();
+                    for s in ids {
+                        self.push_event(s, e.clone());
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    fn push_event(&mut self, service: u16, e: Event) {
+        let Some(inbox) = self.inboxes.get(&service) else {
+            // No such service here: nobody to deliver to.
+            self.overflow_drops += 1;
+            return;
+        };
+        if let Err(e) = inbox.queue.push(e) {
+            if self.overflow.len() < 1 << 20 {
+                self.overflow.push_back((service, e));
+            } else {
+                self.overflow_drops += 1;
+            }
+        }
+    }
+
+    fn publish(&mut self) {
+        self.last_snapshot = Instant::now();
+        let t = self.node.transport_stats();
+        let ns = self.node.stats();
+        let dims = self.node.dims();
+        let unreachable = dims
+            .coords()
+            .filter(|c| !self.node.routes().is_reachable(*c))
+            .map(|c| c.to_array())
+            .collect();
+        let snap = EngineSnapshot {
+            transport: TransportStatus::from(t, self.node.transport().in_flight()),
+            forwarded: ns.forwarded,
+            key_delivered: ns.key_delivered,
+            intercepted: ns.intercepted,
+            xdp: self.ports.iter().map(|p| p.xdp.counters()).collect(),
+            unreachable,
+            view_version: self.view_version,
+            umem_free: self.umem.free_chunks(),
+            inbox_overflow: self.overflow_drops,
+        };
+        *self.shared.snapshot.lock() = snap;
+    }
+}
