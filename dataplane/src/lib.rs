@@ -1,9 +1,11 @@
 //! The torusnet dataplane: the XDP program that steers torus frames into AF_XDP sockets,
 //! and (as it grows) the sockets, pollers and runtime of `torusd`.
 
+pub mod builtin;
 pub mod config;
 pub mod counters;
 pub mod loader;
+pub mod mgmt;
 pub mod netns;
 pub mod poller;
 pub mod runtime;

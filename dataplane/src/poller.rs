@@ -13,6 +13,7 @@ use torusnet_proto::node::{Event, Node, RxAction};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Dir, DirSet};
 
+use crate::builtin::Builtins;
 use crate::config::Polling;
 use crate::counters::{add, LinkCounters};
 use crate::loader::XdpAttachment;
@@ -79,6 +80,7 @@ pub struct Poller {
     parts: Vec<XdpDesc>,
     view_version: u64,
     last_snapshot: Instant,
+    builtins: Builtins,
 }
 
 impl Poller {
@@ -117,6 +119,7 @@ impl Poller {
             parts: Vec::new(),
             view_version: 1,
             last_snapshot: Instant::now() - Duration::from_secs(1),
+            builtins: Builtins::default(),
         }
     }
 
@@ -144,6 +147,8 @@ impl Poller {
             if self.node.poll_timeout().is_some_and(|t| t <= now) {
                 self.node.handle_timeout(now);
             }
+            let now = self.now();
+            work += self.builtins.poll(now, &mut self.node);
             work += self.transmit();
             for i in 0..self.ports.len() {
                 self.complete(i);
@@ -248,6 +253,16 @@ impl Poller {
                     if let Some(i) = self.by_dir[usize::from(dir.index())] {
                         let _ = self.ports[i].xdp.set_fault_drop(drop);
                     }
+                    n += 1;
+                }
+                Command::Ping(req) => {
+                    let now = self.now();
+                    self.builtins.start_ping(now, req, &mut self.node);
+                    n += 1;
+                }
+                Command::Bench(req) => {
+                    let now = self.now();
+                    self.builtins.start_bench(now, req);
                     n += 1;
                 }
                 Command::SetView(view) => {
@@ -552,6 +567,10 @@ impl Poller {
         }
         while let Some(e) = self.node.poll_event() {
             n += 1;
+            let now = self.now();
+            let Some(e) = self.builtins.on_event(now, e, &mut self.node) else {
+                continue;
+            };
             match &e {
                 Event::Message { service, .. } => {
                     let s = *service;

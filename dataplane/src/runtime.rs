@@ -19,6 +19,7 @@ use torusnet_proto::topology::{Coord, Dims, Dir};
 use torusnet_proto::transport::{self, SendError};
 use torusnet_proto::wire::TORUS_LEN;
 
+use crate::builtin::{BenchRequest, PingRequest};
 use crate::config::{NodeConfig, Polling};
 use crate::counters::{LinkCounters, LinkCountersSnapshot};
 use crate::loader::{AttachPreference, XdpAttachment, XdpCounters};
@@ -49,6 +50,10 @@ pub enum Command {
     },
     /// Adopt a new link-state view.
     SetView(Box<LinkView>),
+    /// Run the built-in ping-pong client.
+    Ping(PingRequest),
+    /// Run the built-in bulk transfer.
+    Bench(BenchRequest),
 }
 
 /// A service's inbox: events the poller delivers, waiting for the application.

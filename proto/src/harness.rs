@@ -251,8 +251,11 @@ impl Links {
     }
 }
 
-/// The receiver-side oracle: which messages arrived, intact, how often, and in what order.
-struct Oracle {
+/// The receiver-side oracle: which messages arrived, intact, how often, and in what order
+/// (fences). Messages carry their number in their first 8 bytes and a pattern derived from
+/// it ([`payload`]); the oracle knows which numbers were fenced ([`fences_of`]).
+#[derive(Debug, Clone)]
+pub struct Oracle {
     n: u64,
     fence_every: u64,
     count: Vec<u8>,
@@ -261,6 +264,23 @@ struct Oracle {
 }
 
 impl Oracle {
+    /// An oracle for messages 0..n fenced every `fence_every`.
+    pub fn new(n: u64, fence_every: u64) -> Oracle {
+        Oracle {
+            n,
+            fence_every,
+            count: vec![0; n as usize],
+            below: 0,
+            report: Report::default(),
+        }
+    }
+
+    /// What it has seen so far (delivered, duplicated, corrupted, fence violations,
+    /// out-of-order unfenced deliveries).
+    pub fn report(&self) -> &Report {
+        &self.report
+    }
+
     fn fences(&self, id: u64) -> Fences {
         fences_of(id, self.fence_every)
     }
@@ -279,7 +299,8 @@ impl Oracle {
         Some((last - half) / f * f + half)
     }
 
-    fn on_message(&mut self, data: &[u8], reliable: bool) {
+    /// Checks one delivered message.
+    pub fn on_message(&mut self, data: &[u8], reliable: bool) {
         let Some(id) = data
             .get(..8)
             .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0xff; 8])))
@@ -287,7 +308,7 @@ impl Oracle {
             self.report.corrupted += 1;
             return;
         };
-        if id >= self.n || data != payload(id, data.len()).as_slice() {
+        if id >= self.n || !payload_matches(id, data) {
             self.report.corrupted += 1;
             return;
         }
@@ -334,16 +355,36 @@ pub fn fences_of(id: u64, fence_every: u64) -> Fences {
 
 /// The bytes of message `id`: its number, then a pattern derived from it.
 pub fn payload(id: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len.max(8));
-    v.extend_from_slice(&id.to_le_bytes());
+    let mut v = vec![0u8; len.max(8)];
+    fill_payload(id, &mut v);
+    v
+}
+
+/// Writes message `id`'s bytes into `buf` (at least 8 bytes): its number, then a pattern
+/// derived from it, 8 bytes at a time (cheap enough for gigabytes).
+pub fn fill_payload(id: u64, buf: &mut [u8]) {
+    buf[..8].copy_from_slice(&id.to_le_bytes());
     let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    while v.len() < len {
+    for chunk in buf[8..].chunks_mut(8) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        v.push(x as u8);
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
-    v
+}
+
+/// Whether `data` is exactly message `id`'s bytes.
+pub fn payload_matches(id: u64, data: &[u8]) -> bool {
+    if data.len() < 8 || data[..8] != id.to_le_bytes() {
+        return false;
+    }
+    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    data[8..].chunks(8).all(|chunk| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk == &x.to_le_bytes()[..chunk.len()]
+    })
 }
 
 /// Runs a scenario to the end (or its time limit) and reports what happened.
@@ -366,13 +407,7 @@ pub fn run(sc: &Scenario) -> Report {
         per_link: vec![0; usize::from(links)],
     };
     let mut sizes = SplitMix64::new(sc.seed ^ 0x5151);
-    let mut oracle = Oracle {
-        n: sc.messages,
-        fence_every: sc.fence_every,
-        count: vec![0; sc.messages as usize],
-        below: 0,
-        report: Report::default(),
-    };
+    let mut oracle = Oracle::new(sc.messages, sc.fence_every);
     let mut next_id = 0u64;
     let mut pending: Option<Vec<u8>> = None;
     let mut buf = vec![0u8; ETH_LEN + mtu];

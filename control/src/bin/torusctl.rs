@@ -1,8 +1,11 @@
 //! `torusctl`: queries about a torus (keys, routes) from the command line.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use torusnet_control::dpclient;
 use torusnet_control::query::{self, LinkRef};
 use torusnet_proto::keyspace::Key;
 use torusnet_proto::topology::{Coord, Dims};
@@ -55,6 +58,63 @@ enum Cmd {
         #[arg(long = "down-link", value_parser = parse_link)]
         down_link: Vec<LinkRef>,
     },
+    /// A running torusd's links, counters and view (table, or --json).
+    Status {
+        /// torusd's management socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ping-pong through torusd's built-in ping service (JSON).
+    Ping {
+        /// torusd's management socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The server to ping, x,y,z.
+        #[arg(long, value_parser = parse_coord)]
+        to: Coord,
+        /// Round trips.
+        #[arg(long, default_value_t = 1000)]
+        count: u64,
+        /// Message size in bytes.
+        #[arg(long, default_value_t = 64)]
+        size: u64,
+        /// Reliable messages instead of short ones.
+        #[arg(long)]
+        reliable: bool,
+    },
+    /// A checked bulk transfer through torusd's built-in bench service (JSON).
+    Bench {
+        /// torusd's management socket (the sender).
+        #[arg(long)]
+        socket: PathBuf,
+        /// The receiving server, x,y,z.
+        #[arg(long, value_parser = parse_coord)]
+        to: Coord,
+        /// Bytes to move.
+        #[arg(long, default_value_t = 1 << 30)]
+        bytes: u64,
+        /// Message size.
+        #[arg(long, default_value_t = 65536)]
+        size: u64,
+        /// Fence every n-th message (0: none).
+        #[arg(long, default_value_t = 0)]
+        fence_every: u64,
+    },
+    /// Drop data frames arriving on one of torusd's links, in the kernel (tests).
+    Fault {
+        /// torusd's management socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The link, +x .. -z.
+        #[arg(long)]
+        link: String,
+        /// Drop probability (0 turns it off).
+        #[arg(long)]
+        drop: f64,
+    },
 }
 
 fn parse_dims(s: &str) -> Result<Dims, String> {
@@ -93,6 +153,43 @@ fn run(cmd: Cmd) -> Result<String, String> {
         } => {
             let a = query::route(dims, from, to, &down, &down_link).map_err(|e| e.to_string())?;
             serde_json::to_string(&a)
+        }
+        Cmd::Status { socket, json } => {
+            let v = dpclient::request(
+                &socket,
+                &serde_json::json!({"cmd": "status"}),
+                Duration::from_secs(5),
+            )?;
+            if json {
+                return Ok(v.to_string());
+            }
+            return Ok(dpclient::render_status(&v).trim_end().to_string());
+        }
+        Cmd::Ping {
+            socket,
+            to,
+            count,
+            size,
+            reliable,
+        } => {
+            let req = serde_json::json!({"cmd": "ping", "to": to.to_string(), "count": count, "size": size, "reliable": reliable});
+            return dpclient::request(&socket, &req, Duration::from_secs(600))
+                .map(|v| v.to_string());
+        }
+        Cmd::Bench {
+            socket,
+            to,
+            bytes,
+            size,
+            fence_every,
+        } => {
+            let req = serde_json::json!({"cmd": "bench", "to": to.to_string(), "bytes": bytes, "size": size, "fence_every": fence_every});
+            return dpclient::request(&socket, &req, Duration::from_secs(1800))
+                .map(|v| v.to_string());
+        }
+        Cmd::Fault { socket, link, drop } => {
+            let req = serde_json::json!({"cmd": "fault", "link": link, "drop": drop});
+            return dpclient::request(&socket, &req, Duration::from_secs(5)).map(|v| v.to_string());
         }
     };
     json.map_err(|e| format!("cannot encode the answer: {e}"))

@@ -1,0 +1,116 @@
+//! A client of `torusd`'s management socket (one JSON object per line), and the human
+//! rendering of its status.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Sends one request and returns the answer; errors say what failed in one line.
+pub fn request(socket: &Path, req: &Value, timeout: Duration) -> Result<Value, String> {
+    let mut s = UnixStream::connect(socket).map_err(|e| {
+        format!(
+            "cannot reach torusd at {}: {e} (is it running?)",
+            socket.display()
+        )
+    })?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    writeln!(s, "{req}").map_err(|e| format!("cannot send to torusd: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .map_err(|e| format!("no answer from torusd: {e}"))?;
+    let v: Value =
+        serde_json::from_str(&line).map_err(|e| format!("torusd answered non-JSON: {e}"))?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        return Err(format!("torusd: {e}"));
+    }
+    Ok(v)
+}
+
+fn u(v: &Value, path: &[&str]) -> u64 {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_u64().unwrap_or(0)
+}
+
+/// The status as a table for people.
+pub fn render_status(v: &Value) -> String {
+    let mut out = String::new();
+    let coord = v["coord"].as_array().map(|a| {
+        a.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+    out += &format!(
+        "server {} at {} in a {} torus, MTU {}, {} polling, up {:.1} s\n",
+        v["name"].as_str().unwrap_or("?"),
+        coord.unwrap_or_default(),
+        v["dims"].as_str().unwrap_or("?"),
+        u(v, &["mtu"]),
+        v["polling"].as_str().unwrap_or("?"),
+        v["uptime_s"].as_f64().unwrap_or(0.0),
+    );
+    out += "link  interface        xdp              af_xdp      rx frames   tx frames   forwarded  drops  xdp redirected/passed/malformed/fault\n";
+    for l in v["links"].as_array().into_iter().flatten() {
+        let c = &l["counters"];
+        let drops: u64 = [
+            "drop_malformed",
+            "drop_bad_source",
+            "drop_bad_mac",
+            "drop_unreachable",
+            "drop_ttl",
+            "drop_transport",
+            "drop_intercepted",
+            "drop_no_room",
+        ]
+        .iter()
+        .map(|k| c[*k].as_u64().unwrap_or(0))
+        .sum();
+        out += &format!(
+            "{:<5} {:<16} {:<16} {:<10} {:>10} {:>11} {:>11} {:>6}  {}/{}/{}/{}\n",
+            l["dir"].as_str().unwrap_or("?"),
+            l["ifname"].as_str().unwrap_or("?"),
+            format!(
+                "{} {}",
+                l["xdp_mode"].as_str().unwrap_or("?"),
+                l["xdp_section"].as_str().unwrap_or("")
+            ),
+            l["afxdp_mode"].as_str().unwrap_or("?"),
+            u(c, &["rx_frames"]),
+            u(c, &["tx_frames"]),
+            u(c, &["forwarded"]),
+            drops,
+            u(l, &["xdp", "redirected"]),
+            u(l, &["xdp", "passed"]),
+            u(l, &["xdp", "malformed"]),
+            u(l, &["xdp", "fault_dropped"]),
+        );
+    }
+    let e = &v["engine"];
+    let t = &e["transport"];
+    out += &format!(
+        "transport: {} data frames, {} retransmitted, {} ACKs, {} NACKs, {} messages delivered, {} in flight\n",
+        u(t, &["data_frames"]),
+        u(t, &["retransmitted_frames"]),
+        u(t, &["ack_frames"]),
+        u(t, &["nack_frames"]),
+        u(t, &["messages_delivered"]),
+        u(t, &["in_flight"]),
+    );
+    let unreachable = e["unreachable"].as_array().map(Vec::len).unwrap_or(0);
+    out += &format!(
+        "routing: view version {}, {} forwarded, {} key-routed delivered here, {} servers unreachable\n",
+        u(e, &["view_version"]),
+        u(e, &["forwarded"]),
+        u(e, &["key_delivered"]),
+        unreachable
+    );
+    out
+}

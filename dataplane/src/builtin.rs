@@ -1,0 +1,394 @@
+//! The services built into `torusd`, run inside the poller so they measure the stack and not
+//! a thread hand-off: `ping` (service 1: echo, and a ping-pong client measuring RTT) and
+//! `bench` (service 2: a bulk sender and a receiver that checks every message is delivered
+//! exactly once, byte-exact, with its fences respected).
+
+use std::collections::HashMap;
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use torusnet_proto::harness::{fences_of, fill_payload, Oracle};
+use torusnet_proto::node::{Event, MsgOptions, Node, Target};
+use torusnet_proto::time::Time;
+use torusnet_proto::topology::Coord;
+use torusnet_proto::transport::SendError;
+
+/// Service id of the built-in ping.
+pub const PING: u16 = 1;
+/// Service id of the built-in bench.
+pub const BENCH: u16 = 2;
+
+/// A ping-pong run requested by the management socket.
+#[derive(Debug)]
+pub struct PingRequest {
+    /// The server to ping.
+    pub to: Coord,
+    /// How many round trips.
+    pub count: u32,
+    /// Message size in bytes (at least 9).
+    pub size: usize,
+    /// Reliable messages instead of short ones.
+    pub reliable: bool,
+    /// Where the result goes.
+    pub reply: Sender<Value>,
+}
+
+/// A bulk transfer requested by the management socket.
+#[derive(Debug)]
+pub struct BenchRequest {
+    /// The receiving server.
+    pub to: Coord,
+    /// Bytes to move (rounded up to whole messages).
+    pub bytes: u64,
+    /// Message size.
+    pub size: usize,
+    /// Fence every n-th message (0: none).
+    pub fence_every: u64,
+    /// Where the result goes.
+    pub reply: Sender<Value>,
+}
+
+struct PingRun {
+    req: PingRequest,
+    seq: u32,
+    sent_at: Option<Time>,
+    rtts_ns: Vec<u64>,
+    lost: u32,
+    started: Time,
+}
+
+struct BenchRun {
+    req: BenchRequest,
+    run: u32,
+    n: u64,
+    next: u64,
+    started: Time,
+    sum: u64,
+    sent_start: bool,
+    ended: bool,
+}
+
+struct BenchRecv {
+    run: u32,
+    oracle: Oracle,
+    sum: u64,
+    bytes: u64,
+    first: Option<Time>,
+}
+
+/// Built-in services state, driven by the poller.
+#[derive(Default)]
+pub struct Builtins {
+    ping: Option<PingRun>,
+    bench: Option<BenchRun>,
+    recv: HashMap<Coord, BenchRecv>,
+    runs: u32,
+    buf: Vec<u8>,
+}
+
+/// How long a ping waits for its echo before counting it lost.
+const PING_TIMEOUT: Duration = Duration::from_millis(200);
+
+fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)] as f64 / 1000.0
+}
+
+impl Builtins {
+    /// Starts a ping-pong run (one at a time; a second is refused through its reply).
+    pub fn start_ping(&mut self, now: Time, req: PingRequest, node: &mut Node) {
+        if self.ping.is_some() {
+            let _ = req
+                .reply
+                .send(json!({"error": "a ping run is already in progress"}));
+            return;
+        }
+        self.ping = Some(PingRun {
+            req,
+            seq: 0,
+            sent_at: None,
+            rtts_ns: Vec::new(),
+            lost: 0,
+            started: now,
+        });
+        self.ping_next(now, node);
+    }
+
+    fn ping_next(&mut self, now: Time, node: &mut Node) {
+        let Some(p) = self.ping.as_mut() else { return };
+        if p.seq >= p.req.count {
+            let Some(p) = self.ping.take() else { return };
+            let mut r = p.rtts_ns.clone();
+            r.sort_unstable();
+            let mean = if r.is_empty() {
+                0.0
+            } else {
+                r.iter().sum::<u64>() as f64 / r.len() as f64 / 1000.0
+            };
+            let _ = p.req.reply.send(json!({
+                "to": p.req.to.to_array(),
+                "count": p.req.count,
+                "size": p.req.size,
+                "reliable": p.req.reliable,
+                "received": r.len(),
+                "lost": p.lost,
+                "rtt_us": {
+                    "min": percentile(&r, 0.0),
+                    "p50": percentile(&r, 0.5),
+                    "p90": percentile(&r, 0.9),
+                    "p99": percentile(&r, 0.99),
+                    "p999": percentile(&r, 0.999),
+                    "max": percentile(&r, 1.0),
+                    "mean": mean,
+                },
+                "elapsed_s": now.since(p.started).as_secs_f64(),
+            }));
+            return;
+        }
+        let mut msg = vec![0u8; p.req.size.max(9)];
+        msg[0] = b'Q';
+        msg[1..5].copy_from_slice(&p.seq.to_le_bytes());
+        let opts = MsgOptions {
+            reliable: p.req.reliable,
+            ..MsgOptions::default()
+        };
+        match node.send(now, Target::Server(p.req.to), PING, &msg, opts) {
+            Ok(()) => p.sent_at = Some(now),
+            Err(_) => {
+                // Could not even queue it: counts as lost, try the next.
+                p.lost += 1;
+                p.seq += 1;
+                p.sent_at = None;
+            }
+        }
+    }
+
+    /// Starts a bulk transfer (one at a time).
+    pub fn start_bench(&mut self, now: Time, req: BenchRequest) {
+        if self.bench.is_some() {
+            let _ = req
+                .reply
+                .send(json!({"error": "a bench run is already in progress"}));
+            return;
+        }
+        self.runs += 1;
+        let body = req.size.max(13) - 5;
+        let n = req.bytes.div_ceil(body as u64).max(1);
+        self.bench = Some(BenchRun {
+            req,
+            run: self.runs,
+            n,
+            next: 0,
+            started: now,
+            sum: 0,
+            sent_start: false,
+            ended: false,
+        });
+    }
+
+    /// Handles an event for a built-in service; returns it back when it is not theirs.
+    pub fn on_event(&mut self, now: Time, e: Event, node: &mut Node) -> Option<Event> {
+        let Event::Message {
+            src, service, data, ..
+        } = &e
+        else {
+            return Some(e);
+        };
+        match (*service, data.first()) {
+            (PING, Some(b'Q')) => {
+                let mut echo = data.clone();
+                echo[0] = b'R';
+                let reliable = matches!(e, Event::Message { reliable: true, .. });
+                let opts = MsgOptions {
+                    reliable,
+                    ..MsgOptions::default()
+                };
+                let _ = node.send(now, Target::Server(*src), PING, &echo, opts);
+                None
+            }
+            (PING, Some(b'R')) => {
+                if let Some(p) = self.ping.as_mut() {
+                    let seq = data
+                        .get(1..5)
+                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    if seq == Some(p.seq) && *src == p.req.to {
+                        if let Some(t) = p.sent_at.take() {
+                            p.rtts_ns.push(now.since(t).as_nanos() as u64);
+                        }
+                        p.seq += 1;
+                        self.ping_next(now, node);
+                    }
+                }
+                None
+            }
+            (BENCH, Some(k)) => {
+                let k = *k;
+                self.bench_message(now, *src, k, data, node);
+                None
+            }
+            _ => Some(e),
+        }
+    }
+
+    fn bench_message(&mut self, now: Time, src: Coord, kind: u8, data: &[u8], node: &mut Node) {
+        let run = data
+            .get(1..5)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .unwrap_or(0);
+        let body = data.get(5..).unwrap_or(&[]);
+        match kind {
+            b'S' if body.len() >= 24 => {
+                let g = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().unwrap_or([0; 8]));
+                let (n, fence_every) = (g(0), g(16));
+                if n > 1 << 28 {
+                    return;
+                }
+                self.recv.insert(
+                    src,
+                    BenchRecv {
+                        run,
+                        oracle: Oracle::new(n, fence_every),
+                        sum: 0,
+                        bytes: 0,
+                        first: None,
+                    },
+                );
+            }
+            b'D' => {
+                if let Some(r) = self.recv.get_mut(&src) {
+                    if r.run == run {
+                        r.first.get_or_insert(now);
+                        r.oracle.on_message(body, true);
+                        r.sum = r.sum.wrapping_add(fnv(body));
+                        r.bytes += body.len() as u64;
+                    }
+                }
+            }
+            b'E' => {
+                if let Some(r) = self.recv.remove(&src) {
+                    let rep = r.oracle.report();
+                    let secs = r.first.map(|f| now.since(f).as_secs_f64()).unwrap_or(0.0);
+                    let v = json!({
+                        "delivered": rep.delivered,
+                        "duplicated": rep.duplicated,
+                        "corrupted": rep.corrupted,
+                        "fence_violations": rep.fence_violations,
+                        "out_of_order_unfenced": rep.out_of_order_unfenced,
+                        "bytes": r.bytes,
+                        "checksum": format!("{:016x}", r.sum),
+                        "receive_s": secs,
+                    });
+                    let mut msg = vec![b'Y'];
+                    msg.extend_from_slice(&run.to_le_bytes());
+                    msg.extend_from_slice(v.to_string().as_bytes());
+                    let opts = MsgOptions {
+                        reliable: true,
+                        ..MsgOptions::default()
+                    };
+                    let _ = node.send(now, Target::Server(src), BENCH, &msg, opts);
+                }
+            }
+            b'Y' => {
+                let Some(b) = self.bench.as_ref() else { return };
+                if b.run != run || src != b.req.to {
+                    return;
+                }
+                let Some(b) = self.bench.take() else { return };
+                let receiver: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+                let secs = now.since(b.started).as_secs_f64();
+                let body_size = b.req.size.max(13) - 5;
+                let bytes = b.n * body_size as u64;
+                let _ = b.req.reply.send(json!({
+                    "to": b.req.to.to_array(),
+                    "messages": b.n,
+                    "message_size": b.req.size,
+                    "bytes": bytes,
+                    "fence_every": b.req.fence_every,
+                    "elapsed_s": secs,
+                    "goodput_gbps": bytes as f64 * 8.0 / secs.max(1e-9) / 1e9,
+                    "sender_checksum": format!("{:016x}", b.sum),
+                    "receiver": receiver,
+                }));
+            }
+            _ => {}
+        }
+    }
+
+    /// Pushes as much of a running transfer into the engine as it takes now; returns how
+    /// many messages went in.
+    pub fn poll(&mut self, now: Time, node: &mut Node) -> usize {
+        if let Some(p) = self.ping.as_mut() {
+            if p.sent_at.is_some_and(|t| now.since(t) > PING_TIMEOUT) {
+                p.lost += 1;
+                p.seq += 1;
+                p.sent_at = None;
+                self.ping_next(now, node);
+            }
+        }
+        let Some(b) = self.bench.as_mut() else {
+            return 0;
+        };
+        let to = Target::Server(b.req.to);
+        let rel = |fences| MsgOptions {
+            reliable: true,
+            fences,
+            intercept: false,
+        };
+        let mut n = 0;
+        if !b.sent_start {
+            // Start: forward-fenced, so no data overtakes it.
+            let mut s = vec![b'S'];
+            s.extend_from_slice(&b.run.to_le_bytes());
+            s.extend_from_slice(&b.n.to_le_bytes());
+            s.extend_from_slice(&((b.req.size.max(13) - 5) as u64).to_le_bytes());
+            s.extend_from_slice(&b.req.fence_every.to_le_bytes());
+            let f = torusnet_proto::transport::Fences {
+                backward: false,
+                forward: true,
+            };
+            if node.send(now, to, BENCH, &s, rel(f)).is_err() {
+                return 0;
+            }
+            b.sent_start = true;
+        }
+        let body = b.req.size.max(13) - 5;
+        self.buf.resize(5 + body, 0);
+        self.buf[0] = b'D';
+        self.buf[1..5].copy_from_slice(&b.run.to_le_bytes());
+        while b.next < b.n && n < 512 {
+            fill_payload(b.next, &mut self.buf[5..]);
+            let fences = fences_of(b.next, b.req.fence_every);
+            match node.send(now, to, BENCH, &self.buf, rel(fences)) {
+                Ok(()) => {
+                    b.sum = b.sum.wrapping_add(fnv(&self.buf[5..]));
+                    b.next += 1;
+                    n += 1;
+                }
+                Err(SendError::WouldBlock) => break,
+                Err(_) => break,
+            }
+        }
+        if b.next == b.n && !b.ended {
+            let mut e = vec![b'E'];
+            e.extend_from_slice(&b.run.to_le_bytes());
+            let f = torusnet_proto::transport::Fences {
+                backward: true,
+                forward: false,
+            };
+            if node.send(now, to, BENCH, &e, rel(f)).is_ok() {
+                b.ended = true;
+            }
+        }
+        n
+    }
+}

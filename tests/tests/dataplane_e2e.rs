@@ -1,0 +1,114 @@
+//! torusd end to end (issue 4): a checked 1 GiB transfer striped over two jumbo links with
+//! 2% in-kernel loss; multi-hop forwarding through a middle server; ping-pong RTT.
+//! Needs root.
+
+use serde_json::{json, Value};
+use torusnet_e2e::Cluster;
+use torusnet_proto::topology::{Coord, Dims, Dir};
+
+fn u(v: &Value, path: &[&str]) -> u64 {
+    let mut c = v;
+    for p in path {
+        c = &c[*p];
+    }
+    c.as_u64().unwrap_or(0)
+}
+
+#[test]
+fn gigabyte_over_two_jumbo_links_with_two_percent_loss() {
+    let dims = Dims::new(2, 1, 1).unwrap();
+    let mut c = Cluster::new(
+        "tg",
+        dims,
+        &[Coord::new(0, 0, 0), Coord::new(1, 0, 0)],
+        9000,
+    );
+    c.link(0, Dir::PlusX, 1);
+    c.link(0, Dir::MinusX, 1);
+    c.start("");
+    for link in ["+x", "-x"] {
+        for i in 0..2 {
+            c.ctl(i, &json!({"cmd": "fault", "link": link, "drop": 0.02}))
+                .unwrap();
+        }
+    }
+    let r = c
+        .ctl(0, &json!({"cmd": "bench", "to": "1,0,0", "bytes": 1u64 << 30, "size": 65536, "fence_every": 64}))
+        .unwrap_or_else(|e| panic!("bench: {e}\n{}\n{}", c.log(0), c.log(1)));
+    eprintln!("bench: {r}");
+    let rx = &r["receiver"];
+    assert_eq!(u(rx, &["delivered"]), u(&r, &["messages"]), "{r}");
+    assert_eq!(u(rx, &["duplicated"]), 0);
+    assert_eq!(u(rx, &["corrupted"]), 0);
+    assert_eq!(u(rx, &["fence_violations"]), 0);
+    assert!(u(rx, &["bytes"]) >= 1 << 30);
+    assert_eq!(
+        rx["checksum"], r["sender_checksum"],
+        "byte-exact by checksum"
+    );
+    let a = c.ctl(0, &json!({"cmd": "status"})).unwrap();
+    let b = c.ctl(1, &json!({"cmd": "status"})).unwrap();
+    let dropped: u64 = b["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| u(l, &["xdp", "fault_dropped"]))
+        .sum();
+    assert!(dropped > 0, "the kernel dropped frames");
+    assert!(u(&a, &["engine", "transport", "retransmitted_frames"]) > 0);
+    for l in a["links"].as_array().unwrap() {
+        assert!(
+            u(l, &["counters", "tx_frames"]) > 50_000,
+            "striped over both links: {l}"
+        );
+        assert_eq!(l["xdp_section"], "xdp.frags");
+        assert_eq!(l["multi_buffer"], true);
+    }
+}
+
+#[test]
+fn line_of_three_forwards_through_the_middle() {
+    // A 3x1x1 ring with the 2,0,0 <-> 0,0,0 link missing: a line A - B - C.
+    let dims = Dims::new(3, 1, 1).unwrap();
+    let coords = [
+        Coord::new(0, 0, 0),
+        Coord::new(1, 0, 0),
+        Coord::new(2, 0, 0),
+    ];
+    let mut c = Cluster::new("tl", dims, &coords, 1500);
+    c.link(0, Dir::PlusX, 1);
+    c.link(1, Dir::PlusX, 2);
+    c.start("[view]\ndown_links = [\"2,0,0:+x\"]\n");
+    let r = c
+        .ctl(0, &json!({"cmd": "bench", "to": "2,0,0", "bytes": 50u64 << 20, "size": 8192, "fence_every": 16}))
+        .unwrap_or_else(|e| panic!("bench: {e}\n{}", c.log(1)));
+    let rx = &r["receiver"];
+    assert_eq!(u(rx, &["delivered"]), u(&r, &["messages"]), "{r}");
+    assert_eq!(
+        u(rx, &["fence_violations"]) + u(rx, &["duplicated"]) + u(rx, &["corrupted"]),
+        0
+    );
+    let b = c.ctl(1, &json!({"cmd": "status"})).unwrap();
+    let fwd: u64 = b["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| u(l, &["counters", "forwarded"]))
+        .sum();
+    assert!(fwd > 6000, "B forwarded A's frames and C's ACKs: {fwd}");
+    for l in b["links"].as_array().unwrap() {
+        assert_eq!(
+            l["shared_umem"], true,
+            "forwarding moves descriptors in one UMEM"
+        );
+    }
+    assert_eq!(
+        u(&b, &["engine", "transport", "messages_delivered"]),
+        0,
+        "nothing was for B"
+    );
+    let p = c
+        .ctl(0, &json!({"cmd": "ping", "to": "2,0,0", "count": 200}))
+        .unwrap();
+    assert_eq!(u(&p, &["received"]), 200, "{p}");
+}
