@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod route;
+mod rtt;
 mod transport;
 mod transport_cost;
 
@@ -26,6 +27,8 @@ enum Cmd {
     Transport(transport::Args),
     /// Sender + receiver over a lossless in-memory link, for instruction counting.
     TransportCost(transport_cost::Args),
+    /// Ping-pong RTT: kernel UDP, raw AF_XDP and torusd on one veth pair, in one run.
+    Rtt(rtt::Args),
 }
 
 fn main() {
@@ -34,6 +37,7 @@ fn main() {
         Cmd::Route(a) => route::run(&a),
         Cmd::Transport(a) => transport::run(&a),
         Cmd::TransportCost(a) => transport_cost::run(&a),
+        Cmd::Rtt(a) => rtt::run(&a),
     };
     if let Err(e) = result {
         eprintln!("torus-bench: {e}");

@@ -2,6 +2,7 @@
 //! and (as it grows) the sockets, pollers and runtime of `torusd`.
 
 pub mod builtin;
+pub mod cluster;
 pub mod config;
 pub mod counters;
 pub mod loader;

@@ -3,7 +3,7 @@
 //! Needs root.
 
 use serde_json::{json, Value};
-use torusnet_e2e::Cluster;
+use torusnet_dataplane::cluster::Cluster;
 use torusnet_proto::topology::{Coord, Dims, Dir};
 
 fn u(v: &Value, path: &[&str]) -> u64 {

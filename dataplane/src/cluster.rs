@@ -1,0 +1,224 @@
+//! A small cluster of real `torusd` processes in network namespaces joined by veth pairs,
+//! for end-to-end tests and benchmarks; torn down (processes stopped by PID, namespaces
+//! deleted) when dropped, so a failing test leaves nothing behind.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::netns::{enter, format_mac, mac_of, veth_pair, Netns};
+use serde_json::Value;
+use torusnet_proto::topology::{Coord, Dims, Dir};
+
+/// The workspace's release binaries (built by scripts/test.sh before the tests run).
+pub fn bin(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let p = root.join("target/release").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build with cargo build --release",
+        p.display()
+    );
+    p
+}
+
+/// One server of a test cluster.
+pub struct Server {
+    /// Its coordinate.
+    pub coord: Coord,
+    /// Its namespace.
+    pub ns: Netns,
+    /// Its management socket.
+    pub socket: PathBuf,
+    /// (interface, direction, neighbour's namespace, neighbour's interface).
+    links: Vec<(String, Dir, usize, String)>,
+    child: Option<Child>,
+    config: String,
+}
+
+/// A set of servers with their links.
+pub struct Cluster {
+    /// The torus.
+    pub dims: Dims,
+    /// The servers.
+    pub servers: Vec<Server>,
+    dir: PathBuf,
+    mtu: u32,
+    tag: String,
+}
+
+impl Cluster {
+    /// Servers at `coords` of a `dims` torus, no links yet.
+    pub fn new(tag: &str, dims: Dims, coords: &[Coord], mtu: u32) -> Cluster {
+        let tag = format!("{tag}{}", std::process::id() % 100_000);
+        let dir = std::env::temp_dir().join(format!("torusnet-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let servers = coords
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Server {
+                coord: *c,
+                ns: Netns::new(&format!("{tag}n{i}")).expect("netns"),
+                socket: dir.join(format!("n{i}.sock")),
+                links: Vec::new(),
+                child: None,
+                config: String::new(),
+            })
+            .collect();
+        Cluster {
+            dims,
+            servers,
+            dir,
+            mtu,
+            tag,
+        }
+    }
+
+    /// Joins server `a` (direction `dir`) to server `b` (the opposite direction).
+    pub fn link(&mut self, a: usize, dir: Dir, b: usize) {
+        let ia = format!("t{a}{}", short(dir));
+        let ib = format!("t{b}{}", short(dir.opposite()));
+        veth_pair(&self.servers[a].ns, &ia, &self.servers[b].ns, &ib, self.mtu).expect("veth");
+        self.servers[a].links.push((ia.clone(), dir, b, ib.clone()));
+        self.servers[b].links.push((ib, dir.opposite(), a, ia));
+    }
+
+    /// Writes every server's config (with `extra` TOML appended) and starts `torusd`s,
+    /// polling adaptively.
+    pub fn start(&mut self, extra: &str) {
+        self.start_with(|_| format!("polling = \"adaptive\"\n{extra}"));
+    }
+
+    /// Like [`Cluster::start`], with per-server extra TOML (`polling`, `cores`, `[view]`...),
+    /// which must set `polling`.
+    pub fn start_with(&mut self, extra: impl Fn(usize) -> String) {
+        for i in 0..self.servers.len() {
+            let s = &self.servers[i];
+            let mut t = format!(
+                "name = \"{}n{i}\"\ndims = \"{}\"\ncoord = \"{}\"\nmtu = {}\numem_chunks = 4096\nsocket = \"{}\"\n{}\n",
+                self.tag,
+                self.dims,
+                s.coord,
+                self.mtu,
+                s.socket.display(),
+                extra(i)
+            );
+            for (ifname, dir, peer, peer_if) in &s.links {
+                let mac = in_ns(self.servers[*peer].ns.name(), peer_if);
+                t += &format!(
+                    "[[link]]\nifname = \"{ifname}\"\ndir = \"{dir}\"\nneighbor_mac = \"{}\"\n",
+                    format_mac(mac)
+                );
+            }
+            let path = self.dir.join(format!("n{i}.toml"));
+            std::fs::write(&path, &t).expect("write config");
+            self.servers[i].config = t;
+            let log = std::fs::File::create(self.dir.join(format!("n{i}.log"))).expect("log");
+            let child = Command::new("ip")
+                .args(["netns", "exec", self.servers[i].ns.name()])
+                .arg(bin("torusd"))
+                .arg("--config")
+                .arg(&path)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawn torusd");
+            self.servers[i].child = Some(child);
+        }
+        for i in 0..self.servers.len() {
+            self.wait_ready(i);
+        }
+    }
+
+    fn wait_ready(&mut self, i: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(c) = self.servers[i].child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("torusd n{i} exited ({st}): {}", self.log(i));
+                }
+            }
+            if self.ctl(i, &serde_json::json!({"cmd": "status"})).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("torusd n{i} not ready: {}", self.log(i));
+    }
+
+    /// Server `i`'s log so far.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("n{i}.log"))).unwrap_or_default()
+    }
+
+    /// Sends one management request to server `i`.
+    pub fn ctl(&self, i: usize, req: &Value) -> Result<Value, String> {
+        let mut s = UnixStream::connect(&self.servers[i].socket).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(900)))
+            .map_err(|e| e.to_string())?;
+        writeln!(s, "{req}").map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        BufReader::new(&s)
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        let v: Value = serde_json::from_str(&line).map_err(|e| e.to_string())?;
+        match v.get("error") {
+            Some(e) => Err(e.to_string()),
+            None => Ok(v),
+        }
+    }
+
+    /// Kills server `i`'s torusd (SIGKILL: a crash, not a shutdown).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.servers[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn short(d: Dir) -> &'static str {
+    ["px", "mx", "py", "my", "pz", "mz"][usize::from(d.index())]
+}
+
+fn in_ns(ns: &str, ifname: &str) -> [u8; 6] {
+    let (ns, ifname) = (ns.to_string(), ifname.to_string());
+    std::thread::spawn(move || {
+        enter(&ns).expect("enter netns");
+        mac_of(&ifname).expect("mac")
+    })
+    .join()
+    .expect("mac thread")
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for s in &mut self.servers {
+            if let Some(mut c) = s.child.take() {
+                // `ip netns exec` runs torusd as its child; SIGTERM the pair, then make sure.
+                // SAFETY: sending a signal to a process we started.
+                unsafe {
+                    libc::kill(c.id() as i32, libc::SIGTERM);
+                }
+                let deadline = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = c.try_wait() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        // Namespaces go with the servers (Netns drop); the temp dir with logs stays only on
+        // failure, for reading.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
