@@ -9,15 +9,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use torusnet_proto::node::{Event, Node, RxAction};
+use torusnet_proto::node::{Event, Node, RxAction, Target};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Dir, DirSet};
+use torusnet_proto::wire::{Dest, FrameView, Header, Kind};
 
 use crate::builtin::Builtins;
 use crate::config::Polling;
 use crate::counters::{add, LinkCounters};
 use crate::loader::XdpAttachment;
-use crate::runtime::{Command, EngineSnapshot, Inbox, Shared, TransportStatus};
+use crate::runtime::{
+    Command, EngineSnapshot, Handoff, Inbox, ShardShared, Shared, TransportStatus,
+};
 use crate::xsk::sys::XDP_PKT_CONTD;
 use crate::xsk::{Umem, XdpDesc, XskSocket, CHUNK};
 
@@ -56,11 +59,15 @@ impl Port {
     }
 }
 
-/// The poller of one server.
+/// One poller of a server: its links, its UMEM, its engine.
 pub struct Poller {
+    shard: usize,
     node: Node,
     umem: Umem,
     ports: Vec<Port>,
+    /// Global link index (into `Shared::links`) of each port.
+    link_idx: Vec<usize>,
+    handoffs: u64,
     by_dir: [Option<usize>; 6],
     shared: Arc<Shared>,
     epoch: Instant,
@@ -84,14 +91,16 @@ pub struct Poller {
 }
 
 impl Poller {
-    /// A poller for these ports, all sharing `umem`.
+    /// Poller `shard` over these ports (with their global link indices), all sharing `umem`.
     pub fn new(
+        shard: usize,
         node: Node,
         umem: Umem,
-        ports: Vec<Port>,
+        ports: Vec<(usize, Port)>,
         shared: Arc<Shared>,
         mtu: usize,
     ) -> Poller {
+        let (link_idx, ports): (Vec<usize>, Vec<Port>) = ports.into_iter().unzip();
         let mut by_dir = [None; 6];
         for (i, p) in ports.iter().enumerate() {
             by_dir[usize::from(p.dir.index())] = Some(i);
@@ -101,9 +110,12 @@ impl Poller {
             .min(umem.chunks() / (2 * ports.len().max(1) as u32))
             .max(16);
         Poller {
+            shard,
             node,
             umem,
             ports,
+            link_idx,
+            handoffs: 0,
             by_dir,
             shared,
             epoch: Instant::now(),
@@ -128,7 +140,11 @@ impl Poller {
     }
 
     fn counters(&self, port: usize) -> &LinkCounters {
-        &self.shared.links[port].counters
+        &self.shared.links[self.link_idx[port]].counters
+    }
+
+    fn me(&self) -> &ShardShared {
+        &self.shared.shards[self.shard]
     }
 
     /// Runs until shutdown.
@@ -140,6 +156,7 @@ impl Poller {
         while !self.shared.shutdown.load(Ordering::Acquire) {
             let mut work = 0usize;
             work += self.take_commands();
+            work += self.take_handoffs();
             for i in 0..self.ports.len() {
                 work += self.receive(i);
             }
@@ -193,24 +210,21 @@ impl Poller {
             })
             .collect();
         fds.push(libc::pollfd {
-            fd: self.shared.wake.as_raw_fd(),
+            fd: self.me().wake.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         });
-        self.shared.sleeping.store(true, Ordering::Release);
-        if self.shared.commands.is_empty() && !self.shared.shutdown.load(Ordering::Acquire) {
+        self.me().sleeping.store(true, Ordering::Release);
+        let quiet = self.me().commands.is_empty() && self.me().handoff.is_empty();
+        if quiet && !self.shared.shutdown.load(Ordering::Acquire) {
             // SAFETY: fds is a valid array of pollfd of the given length.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms.max(0)) };
         }
-        self.shared.sleeping.store(false, Ordering::Release);
+        self.me().sleeping.store(false, Ordering::Release);
         let mut buf = 0u64;
         // SAFETY: draining our eventfd (8 bytes); EAGAIN when nothing was written is fine.
         unsafe {
-            libc::read(
-                self.shared.wake.as_raw_fd(),
-                (&mut buf as *mut u64).cast(),
-                8,
-            );
+            libc::read(self.me().wake.as_raw_fd(), (&mut buf as *mut u64).cast(), 8);
         }
     }
 
@@ -219,7 +233,7 @@ impl Poller {
         for _ in 0..256 {
             let cmd = match self.pending.take() {
                 Some(c) => c,
-                None => match self.shared.commands.pop() {
+                None => match self.me().commands.pop() {
                     Some(c) => c,
                     None => break,
                 },
@@ -232,6 +246,28 @@ impl Poller {
                     opts,
                 } => {
                     let now = self.now();
+                    // A reliable message to a key goes to the key's root: the poller that
+                    // owns the connection with the root sends it.
+                    if let (Target::Key(k), true) = (target, opts.reliable) {
+                        if let Some(root) = self.node.key_root(k) {
+                            let owner = self.shared.shard_of(root);
+                            if owner != self.shard {
+                                let c = Command::Send {
+                                    target: Target::Server(root),
+                                    service,
+                                    data,
+                                    opts,
+                                };
+                                if let Err(c) = self.shared.shards[owner].commands.push(c) {
+                                    self.pending = Some(c);
+                                    break;
+                                }
+                                self.shared.shards[owner].wake();
+                                n += 1;
+                                continue;
+                            }
+                        }
+                    }
                     match self.node.send(now, target, service, &data, opts) {
                         Ok(()) => n += 1,
                         Err(torusnet_proto::transport::SendError::WouldBlock) => {
@@ -321,6 +357,12 @@ impl Poller {
             self.umem.release(d.addr);
             return;
         }
+        if let Some(owner) = self.foreign_owner(frame) {
+            let bytes = frame.to_vec();
+            self.hand_off(owner, Handoff::Deliver(bytes));
+            self.umem.release(d.addr);
+            return;
+        }
         let frame = self.umem.slice_mut(d.addr, d.len as usize);
         match self.node.handle_rx(now, dir, frame) {
             RxAction::Consumed => self.umem.release(d.addr),
@@ -366,6 +408,14 @@ impl Poller {
             add(&self.counters(i).drop_bad_mac, 1);
             release(&mut self.umem, &parts);
         } else {
+            if let Some(owner) = self.foreign_owner(&self.scratch[..total]) {
+                let bytes = self.scratch[..total].to_vec();
+                self.hand_off(owner, Handoff::Deliver(bytes));
+                release(&mut self.umem, &parts);
+                self.parts = parts;
+                self.parts.clear();
+                return;
+            }
             let now = self.now();
             let mut scratch = std::mem::take(&mut self.scratch);
             let action = self.node.handle_rx(now, dir, &mut scratch[..total]);
@@ -407,25 +457,128 @@ impl Poller {
                 add(&self.counters(o).tx_ring_full, 1);
                 continue;
             }
-            let first = descs[0];
-            let (src, dst) = (self.ports[o].local_mac, self.ports[o].neighbor_mac);
-            let head = self.umem.slice_mut(first.addr, 12);
-            head[0..6].copy_from_slice(&dst.unwrap_or([0xff; 6]));
-            head[6..12].copy_from_slice(&src);
-            let mut bytes = 0u64;
-            for (k, x) in descs.iter().enumerate() {
-                self.ports[o].xsk.tx.write(k as u32, *x);
-                bytes += u64::from(x.len);
-            }
-            self.ports[o].xsk.tx.submit(need);
-            self.ports[o].unkicked += need;
+            self.push_tx(o, descs);
             add(&self.counters(from).forwarded, 1);
-            let c = self.counters(o);
-            add(&c.tx_frames, 1);
-            add(&c.tx_bytes, bytes);
+            return true;
+        }
+        // No link of ours can take it: a link of another poller (copied across).
+        for d in hops.iter() {
+            let Some(owner) = self.shared.link_shard[usize::from(d.index())] else {
+                continue;
+            };
+            if owner == self.shard || self.shared.shards[owner].handoff.is_full() {
+                continue;
+            }
+            let mut bytes = Vec::new();
+            for x in descs {
+                bytes.extend_from_slice(self.umem.slice(x.addr, x.len as usize));
+            }
+            for x in descs {
+                self.umem.release(x.addr);
+            }
+            self.hand_off(owner, Handoff::Send(d, bytes));
+            add(&self.counters(from).forwarded, 1);
             return true;
         }
         false
+    }
+
+    /// The poller that must handle `frame` instead of this one: a frame for this server
+    /// from a peer whose connection another poller owns.
+    fn foreign_owner(&self, frame: &[u8]) -> Option<usize> {
+        if self.shared.shards.len() <= 1 {
+            return None;
+        }
+        let h = FrameView::new_checked(frame)
+            .and_then(|v| Header::parse(&v))
+            .ok()?;
+        if h.dst != Dest::Server(self.shared.coord) || h.kind == Kind::Control {
+            return None;
+        }
+        let owner = self.shared.shard_of(h.src);
+        (owner != self.shard).then_some(owner)
+    }
+
+    fn hand_off(&mut self, owner: usize, h: Handoff) {
+        self.handoffs += 1;
+        // A full queue drops the frame, as a full ring would; the transport recovers.
+        let _ = self.shared.shards[owner].handoff.push(h);
+        self.shared.shards[owner].wake();
+    }
+
+    /// Frames other pollers passed to this one.
+    fn take_handoffs(&mut self) -> usize {
+        let mut n = 0;
+        while n < BATCH as usize {
+            let Some(h) = self.me().handoff.pop() else {
+                break;
+            };
+            n += 1;
+            match h {
+                Handoff::Deliver(mut bytes) => {
+                    let now = self.now();
+                    if let RxAction::Forward(hops) =
+                        self.node.handle_rx(now, Dir::PlusX, &mut bytes)
+                    {
+                        // The view moved while it was handed over: send it on from here.
+                        if let Some(d) = hops
+                            .iter()
+                            .find(|d| self.by_dir[usize::from(d.index())].is_some())
+                        {
+                            self.send_bytes(d, &bytes);
+                        }
+                    }
+                }
+                Handoff::Send(dir, bytes) => self.send_bytes(dir, &bytes),
+            }
+        }
+        n
+    }
+
+    /// Copies a whole frame into fresh chunks and puts it on our link `dir`.
+    fn send_bytes(&mut self, dir: Dir, bytes: &[u8]) {
+        let Some(o) = self.by_dir[usize::from(dir.index())] else {
+            return;
+        };
+        let need = bytes.len().div_ceil(CHUNK) as u32;
+        if self.ports[o].xsk.tx.free() < need || self.umem.free_chunks() < need as usize {
+            add(&self.counters(o).tx_ring_full, 1);
+            return;
+        }
+        let mut descs = Vec::new();
+        for part in bytes.chunks(CHUNK) {
+            let Some(addr) = self.umem.alloc() else {
+                return;
+            };
+            self.umem.slice_mut(addr, part.len()).copy_from_slice(part);
+            descs.push(XdpDesc {
+                addr,
+                len: part.len() as u32,
+                options: XDP_PKT_CONTD,
+            });
+        }
+        if let Some(last) = descs.last_mut() {
+            last.options = 0;
+        }
+        self.push_tx(o, &descs);
+    }
+
+    /// Puts a frame's descriptors on port `o`'s TX ring with the link's MAC addresses.
+    fn push_tx(&mut self, o: usize, descs: &[XdpDesc]) {
+        let (src, dst) = (self.ports[o].local_mac, self.ports[o].neighbor_mac);
+        let head = self.umem.slice_mut(descs[0].addr, 12);
+        head[0..6].copy_from_slice(&dst.unwrap_or([0xff; 6]));
+        head[6..12].copy_from_slice(&src);
+        let n = descs.len() as u32;
+        let bytes: u64 = descs.iter().map(|d| u64::from(d.len)).sum();
+        for (k, d) in descs.iter().enumerate() {
+            self.ports[o].xsk.tx.write(k as u32, *d);
+        }
+        self.ports[o].xsk.tx.submit(n);
+        self.ports[o].unkicked += n;
+        let c = self.counters(o);
+        add(&c.tx_frames, 1);
+        add(&c.tx_bytes, bytes);
     }
 
     /// Asks the engine for frames while links have room and chunks are free.
@@ -436,6 +589,13 @@ impl Poller {
             for p in &mut self.ports {
                 if p.xsk.tx.free() >= self.chunks_per_frame {
                     room = room.with(p.dir);
+                }
+            }
+            for d in Dir::ALL {
+                if let Some(owner) = self.shared.link_shard[usize::from(d.index())] {
+                    if owner != self.shard && !self.shared.shards[owner].handoff.is_full() {
+                        room = room.with(d);
+                    }
                 }
             }
             if room.is_empty() || self.umem.free_chunks() < self.chunks_per_frame as usize {
@@ -485,26 +645,20 @@ impl Poller {
                 out
             };
             let Some((dir, descs)) = out else { break };
-            let Some(o) = self.by_dir[usize::from(dir.index())] else {
-                for d in &descs {
-                    self.umem.release(d.addr);
+            match self.by_dir[usize::from(dir.index())] {
+                Some(o) => self.push_tx(o, &descs),
+                None => {
+                    // Another poller's link: hand the frame over (copied).
+                    let mut bytes = Vec::new();
+                    for d in &descs {
+                        bytes.extend_from_slice(self.umem.slice(d.addr, d.len as usize));
+                        self.umem.release(d.addr);
+                    }
+                    if let Some(owner) = self.shared.link_shard[usize::from(dir.index())] {
+                        self.hand_off(owner, Handoff::Send(dir, bytes));
+                    }
                 }
-                continue;
-            };
-            let (src, dst) = (self.ports[o].local_mac, self.ports[o].neighbor_mac);
-            let head = self.umem.slice_mut(descs[0].addr, 12);
-            head[0..6].copy_from_slice(&dst.unwrap_or([0xff; 6]));
-            head[6..12].copy_from_slice(&src);
-            let n = descs.len() as u32;
-            let bytes: u64 = descs.iter().map(|d| u64::from(d.len)).sum();
-            for (k, d) in descs.iter().enumerate() {
-                self.ports[o].xsk.tx.write(k as u32, *d);
             }
-            self.ports[o].xsk.tx.submit(n);
-            self.ports[o].unkicked += n;
-            let c = self.counters(o);
-            add(&c.tx_frames, 1);
-            add(&c.tx_bytes, bytes);
             sent += 1;
         }
         for p in &mut self.ports {
@@ -576,6 +730,8 @@ impl Poller {
                     let s = *service;
                     self.push_event(s, e);
                 }
+                // Every poller's engine sees the view change; the first tells the services.
+                Event::Unreachable(_) | Event::Reachable(_) if self.shard != 0 => {}
                 Event::Unreachable(_) | Event::Reachable(_) => {
                     let ids: Vec<u16> = self.inboxes.keys().copied().collect();
                     for s in ids {
@@ -617,12 +773,19 @@ impl Poller {
             forwarded: ns.forwarded,
             key_delivered: ns.key_delivered,
             intercepted: ns.intercepted,
-            xdp: self.ports.iter().map(|p| p.xdp.counters()).collect(),
+            xdp: self
+                .ports
+                .iter()
+                .zip(&self.link_idx)
+                .map(|(p, i)| (*i, p.xdp.counters()))
+                .collect(),
             unreachable,
             view_version: self.view_version,
             umem_free: self.umem.free_chunks(),
             inbox_overflow: self.overflow_drops,
+            handoffs: self.handoffs,
+            pollers: 1,
         };
-        *self.shared.snapshot.lock() = snap;
+        *self.me().snapshot.lock() = snap;
     }
 }

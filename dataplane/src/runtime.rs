@@ -56,6 +56,55 @@ pub enum Command {
     Bench(BenchRequest),
 }
 
+/// A frame one poller passes to another (pollers own disjoint links and connections).
+#[derive(Debug)]
+pub enum Handoff {
+    /// A frame addressed to this server from a peer whose connection the receiving poller
+    /// owns: run it through that poller's engine.
+    Deliver(Vec<u8>),
+    /// A frame to send on a link the receiving poller owns.
+    Send(Dir, Vec<u8>),
+}
+
+/// What one poller shares with the rest of the process.
+#[derive(Debug)]
+pub struct ShardShared {
+    pub(crate) commands: ArrayQueue<Command>,
+    pub(crate) handoff: ArrayQueue<Handoff>,
+    pub(crate) sleeping: AtomicBool,
+    pub(crate) wake: OwnedFd,
+    pub(crate) snapshot: Mutex<EngineSnapshot>,
+}
+
+impl ShardShared {
+    fn new() -> std::io::Result<ShardShared> {
+        // SAFETY: eventfd returns a new descriptor we own.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(ShardShared {
+            commands: ArrayQueue::new(1 << 16),
+            handoff: ArrayQueue::new(1 << 14),
+            sleeping: AtomicBool::new(false),
+            // SAFETY: fd is a fresh descriptor.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            snapshot: Mutex::new(EngineSnapshot::default()),
+        })
+    }
+
+    /// Wakes this poller if it sleeps in poll().
+    pub(crate) fn wake(&self) {
+        if self.sleeping.load(Ordering::Acquire) {
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes to our eventfd.
+            unsafe {
+                libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8);
+            }
+        }
+    }
+}
+
 /// A service's inbox: events the poller delivers, waiting for the application.
 #[derive(Debug)]
 pub struct Inbox {
@@ -99,6 +148,8 @@ pub struct LinkInfo {
     pub shared_umem: bool,
     /// Frames per TX kick, where the kernel has the option.
     pub tx_budget: Option<u32>,
+    /// The poller that owns it.
+    pub poller: usize,
     /// Counters.
     pub counters: LinkCounters,
 }
@@ -114,8 +165,8 @@ pub struct EngineSnapshot {
     pub key_delivered: u64,
     /// Frames seen by on-path services.
     pub intercepted: u64,
-    /// XDP program counters per link, in link order.
-    pub xdp: Vec<XdpCounters>,
+    /// XDP program counters per link (link index, counters).
+    pub xdp: Vec<(usize, XdpCounters)>,
     /// Servers unreachable in this server's view.
     pub unreachable: Vec<[u16; 3]>,
     /// Version of the view in use (counts adopted views).
@@ -124,6 +175,10 @@ pub struct EngineSnapshot {
     pub umem_free: usize,
     /// Events dropped because a service did not read its inbox.
     pub inbox_overflow: u64,
+    /// Frames passed between pollers (copied).
+    pub handoffs: u64,
+    /// Pollers running.
+    pub pollers: usize,
 }
 
 /// Transport counters, serialisable.
@@ -183,25 +238,55 @@ pub struct Shared {
     pub polling: Polling,
     /// The links.
     pub links: Vec<LinkInfo>,
-    pub(crate) commands: ArrayQueue<Command>,
     pub(crate) services: Mutex<HashMap<u16, Arc<Inbox>>>,
     pub(crate) services_version: AtomicU64,
     pub(crate) shutdown: AtomicBool,
-    pub(crate) sleeping: AtomicBool,
-    pub(crate) wake: OwnedFd,
-    pub(crate) snapshot: Mutex<EngineSnapshot>,
+    /// One per poller.
+    pub(crate) shards: Vec<ShardShared>,
+    /// Which poller owns the link in each direction.
+    pub(crate) link_shard: [Option<usize>; 6],
     pub(crate) started: Instant,
 }
 
 impl Shared {
-    /// Wakes the poller if it sleeps in poll().
-    pub(crate) fn wake(&self) {
-        if self.sleeping.load(Ordering::Acquire) {
-            let one: u64 = 1;
-            // SAFETY: writing 8 bytes to our eventfd.
-            unsafe {
-                libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8);
+    /// The poller that owns the connection with `peer` (and runs commands for it).
+    pub fn shard_of(&self, peer: Coord) -> usize {
+        if self.shards.len() <= 1 || !self.dims.contains(peer) {
+            return 0;
+        }
+        self.dims.index(peer) % self.shards.len()
+    }
+
+    /// Queues a command for the poller that should run it, and wakes that poller.
+    pub(crate) fn push(&self, c: Command) -> Result<(), Command> {
+        let shard = match &c {
+            Command::Send {
+                target: Target::Server(d),
+                ..
+            } => self.shard_of(*d),
+            Command::Ping(p) => self.shard_of(p.to),
+            Command::Bench(b) => self.shard_of(b.to),
+            Command::SetFault { dir, .. } => self.link_shard[usize::from(dir.index())].unwrap_or(0),
+            Command::SetView(v) => {
+                for s in &self.shards[1..] {
+                    let _ = s.commands.push(Command::SetView(v.clone()));
+                    s.wake();
+                }
+                0
             }
+            _ => 0,
+        };
+        let sh = &self.shards[shard];
+        sh.commands.push(c)?;
+        sh.wake();
+        Ok(())
+    }
+
+    /// Wakes every poller.
+    pub(crate) fn wake_all(&self) {
+        for s in &self.shards {
+            s.sleeping.store(true, Ordering::Release);
+            s.wake();
         }
     }
 }
@@ -210,7 +295,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct Dataplane {
     shared: Arc<Shared>,
-    poller: Option<JoinHandle<Result<(), String>>>,
+    pollers: Vec<JoinHandle<Result<(), String>>>,
 }
 
 /// A registered service: send messages, receive its events.
@@ -243,12 +328,7 @@ impl Service {
             data: data.to_vec(),
             opts,
         };
-        self.shared
-            .commands
-            .push(c)
-            .map_err(|_| SendError::WouldBlock)?;
-        self.shared.wake();
-        Ok(())
+        self.shared.push(c).map_err(|_| SendError::WouldBlock)
     }
 
     /// Sends, retrying while the queue is full, up to `timeout`.
@@ -300,6 +380,37 @@ impl Service {
     }
 }
 
+/// Adds up the pollers' snapshots (the view-related fields are the same in all; the first
+/// poller's are kept).
+fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
+    let pollers = v.len().max(1);
+    let Some(mut total) = v.first().cloned() else {
+        return EngineSnapshot::default();
+    };
+    for s in v.drain(1..) {
+        let (a, b) = (&mut total.transport, s.transport);
+        a.data_frames += b.data_frames;
+        a.retransmitted_frames += b.retransmitted_frames;
+        a.ack_frames += b.ack_frames;
+        a.nack_frames += b.nack_frames;
+        a.short_frames += b.short_frames;
+        a.messages_sent += b.messages_sent;
+        a.messages_delivered += b.messages_delivered;
+        a.duplicate_frames += b.duplicate_frames;
+        a.out_of_order_frames += b.out_of_order_frames;
+        a.in_flight += b.in_flight;
+        total.forwarded += s.forwarded;
+        total.key_delivered += s.key_delivered;
+        total.intercepted += s.intercepted;
+        total.xdp.extend(s.xdp);
+        total.umem_free += s.umem_free;
+        total.inbox_overflow += s.inbox_overflow;
+        total.handoffs += s.handoffs;
+    }
+    total.pollers = pollers;
+    total
+}
+
 /// Status of one link, for `torusctl status` and `--json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct LinkStatus {
@@ -323,6 +434,8 @@ pub struct LinkStatus {
     pub shared_umem: bool,
     /// TX budget the kernel accepted.
     pub tx_budget: Option<u32>,
+    /// The poller (and core) that owns it.
+    pub poller: usize,
     /// Counters.
     pub counters: LinkCountersSnapshot,
     /// XDP program counters.
@@ -351,24 +464,36 @@ pub struct Status {
 }
 
 impl Dataplane {
-    /// Sets up every link (XDP program, socket in the shared UMEM) and starts the poller.
+    /// Sets up every link (XDP program, socket in its poller's shared UMEM) and starts one
+    /// poller per configured core (one unpinned poller when no core is configured). Links
+    /// are dealt to pollers in configuration order; each poller owns its links' rings, a
+    /// UMEM shared by them, and the connections of the peers hashed to it.
     pub fn start(cfg: &NodeConfig) -> Result<Dataplane, StartError> {
+        let nshards = cfg.cores.len().clamp(1, cfg.links.len().max(1));
         let chunks_per_frame = (cfg.mtu as usize + 14).div_ceil(CHUNK);
-        let umem =
-            Umem::new(cfg.umem_chunks).map_err(|e| StartError::Link(format!("UMEM: {e}")))?;
         let sock_cfg = SocketConfig {
             multi_buffer: chunks_per_frame > 1,
             need_wakeup: cfg.polling == Polling::Adaptive,
             ..SocketConfig::default()
         };
-        let mut ports: Vec<Port> = Vec::new();
+        let mut umems = Vec::new();
+        for _ in 0..nshards {
+            umems.push(
+                Umem::new(cfg.umem_chunks / nshards as u32)
+                    .map_err(|e| StartError::Link(format!("UMEM: {e}")))?,
+            );
+        }
+        let mut ports: Vec<Vec<(usize, Port)>> = (0..nshards).map(|_| Vec::new()).collect();
         let mut infos = Vec::new();
-        for l in &cfg.links {
+        let mut link_shard = [None; 6];
+        for (idx, l) in cfg.links.iter().enumerate() {
+            let shard = idx % nshards;
+            link_shard[usize::from(l.dir.index())] = Some(shard);
             let local_mac = mac_of(&l.ifname).map_err(|e| StartError::Link(e.to_string()))?;
             let mut xdp = XdpAttachment::attach(&l.ifname, cfg.mtu, AttachPreference::Auto)
                 .map_err(|e| StartError::Link(e.to_string()))?;
-            let share = ports.first().map(|p| &p.xsk);
-            let xsk = XskSocket::new(&umem, share, &l.ifname, 0, &sock_cfg)
+            let share = ports[shard].first().map(|p| &p.1.xsk);
+            let xsk = XskSocket::new(&umems[shard], share, &l.ifname, 0, &sock_cfg)
                 .map_err(|e| StartError::Link(format!("{}: {e}", l.ifname)))?;
             xdp.register_socket(0, xsk.raw_fd())
                 .map_err(|e| StartError::Link(e.to_string()))?;
@@ -382,18 +507,18 @@ impl Dataplane {
                 xdp_section: xdp.variant().section(),
                 zero_copy: info.zero_copy,
                 multi_buffer: info.multi_buffer,
-                shared_umem: info.shared_umem || ports.is_empty(),
+                // The first socket of a poller registers the UMEM the others share.
+                shared_umem: true,
                 tx_budget: info.tx_budget,
+                poller: shard,
                 counters: LinkCounters::default(),
             });
-            ports.push(Port::new(l.dir, local_mac, l.neighbor_mac, xsk, xdp));
+            let port = Port::new(l.dir, local_mac, l.neighbor_mac, xsk, xdp);
+            ports[shard].push((idx, port));
         }
-        let node = Node::new(cfg.coord, cfg.view.clone(), cfg.transport)
-            .map_err(|e| StartError::Engine(e.to_string()))?;
-        // SAFETY: eventfd returns a new descriptor we own.
-        let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if wake < 0 {
-            return Err(StartError::Thread(std::io::Error::last_os_error()));
+        let mut shards = Vec::new();
+        for _ in 0..nshards {
+            shards.push(ShardShared::new().map_err(StartError::Thread)?);
         }
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),
@@ -402,31 +527,31 @@ impl Dataplane {
             mtu: cfg.mtu,
             polling: cfg.polling,
             links: infos,
-            commands: ArrayQueue::new(1 << 16),
             services: Mutex::new(HashMap::new()),
             services_version: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
-            sleeping: AtomicBool::new(false),
-            // SAFETY: wake is a fresh descriptor.
-            wake: unsafe { OwnedFd::from_raw_fd(wake) },
-            snapshot: Mutex::new(EngineSnapshot::default()),
+            shards,
+            link_shard,
             started: Instant::now(),
         });
-        let core = cfg.cores.first().copied();
-        let poller = Poller::new(node, umem, ports, shared.clone(), cfg.mtu as usize);
-        let handle = std::thread::Builder::new()
-            .name(format!("torusd-poll-{}", cfg.name))
-            .spawn(move || {
-                if let Some(c) = core {
-                    core_affinity::set_for_current(core_affinity::CoreId { id: c });
-                }
-                poller.run()
-            })
-            .map_err(StartError::Thread)?;
-        Ok(Dataplane {
-            shared,
-            poller: Some(handle),
-        })
+        let mut pollers = Vec::new();
+        for (shard, (umem, ports)) in umems.into_iter().zip(ports).enumerate() {
+            let node = Node::new(cfg.coord, cfg.view.clone(), cfg.transport)
+                .map_err(|e| StartError::Engine(e.to_string()))?;
+            let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize);
+            let core = cfg.cores.get(shard).copied();
+            let handle = std::thread::Builder::new()
+                .name(format!("torusd-poll{shard}"))
+                .spawn(move || {
+                    if let Some(c) = core {
+                        core_affinity::set_for_current(core_affinity::CoreId { id: c });
+                    }
+                    poller.run()
+                })
+                .map_err(StartError::Thread)?;
+            pollers.push(handle);
+        }
+        Ok(Dataplane { shared, pollers })
     }
 
     /// Registers service `id` (or returns the existing registration) with an inbox of
@@ -449,11 +574,9 @@ impl Dataplane {
         }
     }
 
-    /// Queues a command for the poller.
+    /// Queues a command for the poller that should run it.
     pub fn command(&self, c: Command) -> Result<(), Command> {
-        self.shared.commands.push(c)?;
-        self.shared.wake();
-        Ok(())
+        self.shared.push(c)
     }
 
     /// The shared state (links, counters).
@@ -461,15 +584,20 @@ impl Dataplane {
         &self.shared
     }
 
-    /// Whether the poller is still running.
+    /// Whether every poller is still running.
     pub fn is_running(&self) -> bool {
-        self.poller.as_ref().is_some_and(|h| !h.is_finished())
+        !self.pollers.is_empty() && self.pollers.iter().all(|h| !h.is_finished())
     }
 
     /// A status report.
     pub fn status(&self) -> Status {
         let s = &self.shared;
-        let engine = s.snapshot.lock().clone();
+        let engine = merge(
+            s.shards
+                .iter()
+                .map(|sh| sh.snapshot.lock().clone())
+                .collect(),
+        );
         let links = s
             .links
             .iter()
@@ -486,7 +614,13 @@ impl Dataplane {
                 shared_umem: l.shared_umem,
                 tx_budget: l.tx_budget,
                 counters: l.counters.snapshot(),
-                xdp: engine.xdp.get(i).copied().unwrap_or_default(),
+                xdp: engine
+                    .xdp
+                    .iter()
+                    .find(|(k, _)| *k == i)
+                    .map(|x| x.1)
+                    .unwrap_or_default(),
+                poller: l.poller,
             })
             .collect();
         Status {
@@ -508,12 +642,18 @@ impl Dataplane {
 
     fn stop(&mut self) -> Result<(), String> {
         self.shared.shutdown.store(true, Ordering::Release);
-        self.shared.sleeping.store(true, Ordering::Release);
-        self.shared.wake();
-        match self.poller.take() {
-            Some(h) => h.join().map_err(|_| "the poller panicked".to_string())?,
-            None => Ok(()),
+        self.shared.wake_all();
+        let mut result = Ok(());
+        for h in self.pollers.drain(..) {
+            let r = h
+                .join()
+                .map_err(|_| "a poller panicked".to_string())
+                .and_then(|r| r);
+            if result.is_ok() {
+                result = r;
+            }
         }
+        result
     }
 }
 

@@ -111,7 +111,7 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
         );
     }
     if fault > 0.0 {
-        let dropped: u64 = sb.engine.xdp.iter().map(|x| x.fault_dropped).sum();
+        let dropped: u64 = sb.links.iter().map(|l| l.xdp.fault_dropped).sum();
         assert!(dropped > 0, "fault injection dropped frames in the kernel");
         assert!(sa.engine.transport.retransmitted_frames > 0);
     }

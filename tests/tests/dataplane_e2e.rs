@@ -112,3 +112,78 @@ fn line_of_three_forwards_through_the_middle() {
         .unwrap();
     assert_eq!(u(&p, &["received"]), 200, "{p}");
 }
+
+#[test]
+fn two_pollers_per_server_share_the_links() {
+    let dims = Dims::new(2, 1, 1).unwrap();
+    let mut c = Cluster::new(
+        "tp",
+        dims,
+        &[Coord::new(0, 0, 0), Coord::new(1, 0, 0)],
+        1500,
+    );
+    c.link(0, Dir::PlusX, 1);
+    c.link(0, Dir::MinusX, 1);
+    c.start_with(|_| "polling = \"adaptive\"\ncores = [0, 1]\n".to_string());
+    let r = c
+        .ctl(0, &json!({"cmd": "bench", "to": "1,0,0", "bytes": 100u64 << 20, "size": 4000, "fence_every": 10}))
+        .unwrap_or_else(|e| panic!("bench: {e}\n{}\n{}", c.log(0), c.log(1)));
+    let rx = &r["receiver"];
+    assert_eq!(u(rx, &["delivered"]), u(&r, &["messages"]), "{r}");
+    assert_eq!(
+        u(rx, &["fence_violations"]) + u(rx, &["duplicated"]) + u(rx, &["corrupted"]),
+        0,
+        "{r}"
+    );
+    assert_eq!(rx["checksum"], r["sender_checksum"]);
+    let a = c.ctl(0, &json!({"cmd": "status"})).unwrap();
+    assert_eq!(u(&a, &["engine", "pollers"]), 2);
+    let pollers: Vec<u64> = a["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| u(l, &["poller"]))
+        .collect();
+    assert_eq!(pollers, [0, 1], "one link per poller");
+    for l in a["links"].as_array().unwrap() {
+        assert!(
+            u(l, &["counters", "tx_frames"]) > 10_000,
+            "both links carry data: {l}"
+        );
+    }
+    assert!(
+        u(&a, &["engine", "handoffs"]) > 0,
+        "frames crossed between pollers"
+    );
+}
+
+#[test]
+fn a_crashed_torusd_leaves_no_xdp_program_behind() {
+    let dims = Dims::new(2, 1, 1).unwrap();
+    let mut c = Cluster::new(
+        "tk",
+        dims,
+        &[Coord::new(0, 0, 0), Coord::new(1, 0, 0)],
+        1500,
+    );
+    c.link(0, Dir::PlusX, 1);
+    c.start("");
+    let show = |c: &Cluster| {
+        let out = std::process::Command::new("ip")
+            .args(["-n", c.servers[0].ns.name(), "link", "show", "t0px"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(show(&c).contains("prog/xdp"), "attached while running");
+    c.kill(0); // SIGKILL: no cleanup code runs
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while show(&c).contains("prog/xdp") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        !show(&c).contains("prog/xdp"),
+        "bpf_link detached it: {}",
+        show(&c)
+    );
+}
