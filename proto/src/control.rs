@@ -1,0 +1,632 @@
+//! The control plane of one server, sans-IO (CamCube's bootstrap and link state,
+//! camcubeos.txt 3.1-3.3): coordinates from a wiring plan, neighbour discovery and miswiring
+//! checks, hellos and failure detection per link, and a flooded link-state database from
+//! which every server computes the whole torus's live-link view.
+//!
+//! Frames travel on EtherType 0x88B6, which the XDP program passes to the kernel, so the
+//! control plane works whether or not the dataplane is running. Layout in docs/control.md.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::routing::LinkView;
+use crate::time::Time;
+use crate::topology::{Coord, Dims, Dir, DirSet};
+use crate::wire::{ETHERTYPE_CONTROL, ETH_LEN};
+
+/// Bytes of the control header after Ethernet: magic, version, type, flags, reserved.
+const HDR: usize = 6;
+/// Bytes of the authentication trailer (truncated HMAC-SHA256).
+pub const MAC_LEN: usize = 16;
+const HELLO: u8 = 1;
+const LSA: u8 = 2;
+const FLAG_AUTH: u8 = 1;
+const HELLO_LEN: usize = ETH_LEN + HDR + 36;
+const LSA_LEN: usize = ETH_LEN + HDR + 32;
+
+/// Settings of the control plane of one server.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// This server's unique id (the lowest id becomes origin if none is configured).
+    pub node_id: u64,
+    /// The torus.
+    pub dims: Dims,
+    /// The directions this server has links in (the wiring plan).
+    pub links: DirSet,
+    /// This server is the origin, (0,0,0).
+    pub origin: bool,
+    /// Its coordinate, if already assigned (persisted from an earlier run).
+    pub coord: Option<Coord>,
+    /// Hello interval.
+    pub hello: Duration,
+    /// A link is down after this many hello intervals without one.
+    pub dead_after: u32,
+    /// How often a server re-floods its link-state record unchanged.
+    pub refresh: Duration,
+    /// A record not refreshed for this long is dropped (its server is gone).
+    pub max_age: Duration,
+    /// With no configured origin: how long to wait before the lowest id elects itself.
+    pub election_delay: Duration,
+    /// Cluster key: control frames carry an HMAC and unauthenticated ones are dropped.
+    pub key: Option<Vec<u8>>,
+    /// First sequence number of this incarnation (e.g. milliseconds since the epoch), so a
+    /// restarted server's records are newer than its old ones.
+    pub incarnation: u64,
+}
+
+impl ControlConfig {
+    /// Defaults: 100 ms hellos, down after 3 missed, refresh every second, records live 3 s.
+    pub fn new(node_id: u64, dims: Dims, links: DirSet) -> ControlConfig {
+        ControlConfig {
+            node_id,
+            dims,
+            links,
+            origin: false,
+            coord: None,
+            hello: Duration::from_millis(100),
+            dead_after: 3,
+            refresh: Duration::from_secs(1),
+            max_age: Duration::from_secs(3),
+            election_delay: Duration::from_secs(1),
+            key: None,
+            incarnation: 0,
+        }
+    }
+}
+
+/// What a neighbour said about itself in its last hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Neighbor {
+    /// Its node id.
+    pub node_id: u64,
+    /// Its MAC on this link.
+    pub mac: [u8; 6],
+    /// Its coordinate, once it has one.
+    pub coord: Option<Coord>,
+    /// The direction it gives this link.
+    pub dir: Dir,
+}
+
+/// State of one link.
+#[derive(Debug, Clone, Default)]
+pub struct LinkState {
+    /// Up: two-way hellos within the dead interval and consistent with the torus.
+    pub up: bool,
+    /// When the last hello arrived.
+    pub last_hello: Option<Time>,
+    /// Who is at the other end.
+    pub neighbor: Option<Neighbor>,
+    /// Why the link is not used although hellos arrive (miswiring), if so.
+    pub miswired: Option<String>,
+}
+
+/// A record of the link-state database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    /// The server's coordinate (None before it has one).
+    pub coord: Option<Coord>,
+    /// Its sequence number.
+    pub seq: u64,
+    /// Its live links.
+    pub live: DirSet,
+    /// When we last heard it.
+    pub heard: Time,
+}
+
+/// Something the daemon should act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlEvent {
+    /// This server's coordinate was assigned (persist it).
+    CoordAssigned(Coord),
+    /// A link is wired inconsistently with the torus.
+    Miswired {
+        /// The link.
+        dir: Dir,
+        /// What was expected and seen.
+        detail: String,
+    },
+    /// A link came up.
+    LinkUp(Dir),
+    /// A link went down.
+    LinkDown(Dir),
+    /// The torus view changed; a new version is available.
+    ViewChanged(u64),
+    /// A frame was refused (malformed or unauthenticated).
+    Refused(String),
+}
+
+/// The control plane of one server.
+#[derive(Debug)]
+pub struct ControlNode {
+    cfg: ControlConfig,
+    coord: Option<Coord>,
+    links: [LinkState; 6],
+    lsdb: HashMap<u64, Record>,
+    seq: u64,
+    last_flood: Option<Time>,
+    next_hello: Time,
+    started: Option<Time>,
+    out: VecDeque<(Dir, Vec<u8>)>,
+    events: VecDeque<ControlEvent>,
+    view: Option<LinkView>,
+    version: u64,
+    dirty: bool,
+}
+
+fn put16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_be_bytes());
+}
+fn get16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+}
+fn get64(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(x)
+}
+
+impl ControlNode {
+    /// The control plane with `cfg`.
+    pub fn new(cfg: ControlConfig) -> ControlNode {
+        let coord = cfg.coord.or(if cfg.origin {
+            Some(Coord::new(0, 0, 0))
+        } else {
+            None
+        });
+        let seq = cfg.incarnation;
+        let mut n = ControlNode {
+            cfg,
+            coord,
+            links: Default::default(),
+            lsdb: HashMap::new(),
+            seq,
+            last_flood: None,
+            next_hello: Time::ZERO,
+            started: None,
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            view: None,
+            version: 0,
+            dirty: true,
+        };
+        if let (Some(c), None) = (n.coord, n.cfg.coord) {
+            n.events.push_back(ControlEvent::CoordAssigned(c));
+        }
+        n
+    }
+
+    // ---- getters ----
+
+    /// This server's coordinate, once assigned.
+    pub fn coord(&self) -> Option<Coord> {
+        self.coord
+    }
+
+    /// This server's node id.
+    pub fn node_id(&self) -> u64 {
+        self.cfg.node_id
+    }
+
+    /// The torus.
+    pub fn dims(&self) -> Dims {
+        self.cfg.dims
+    }
+
+    /// State of the link in direction `d`.
+    pub fn link(&self, d: Dir) -> &LinkState {
+        &self.links[usize::from(d.index())]
+    }
+
+    /// The link-state database: node id -> record.
+    pub fn lsdb(&self) -> &HashMap<u64, Record> {
+        &self.lsdb
+    }
+
+    /// The current view and its version, once this server has a coordinate.
+    pub fn view(&self) -> Option<(u64, &LinkView)> {
+        self.view.as_ref().map(|v| (self.version, v))
+    }
+
+    // ---- frames in ----
+
+    /// Handles a control frame received on link `dir` (Ethernet header included).
+    pub fn handle_frame(&mut self, now: Time, dir: Dir, frame: &[u8]) {
+        self.started.get_or_insert(now);
+        match self.parse(frame) {
+            Ok((ty, body)) => match ty {
+                HELLO => self.on_hello(now, dir, frame, body),
+                LSA => self.on_lsa(now, dir, body),
+                _ => {}
+            },
+            Err(why) => self.events.push_back(ControlEvent::Refused(why)),
+        }
+    }
+
+    /// Checks framing and authentication; the type and the body.
+    fn parse<'a>(&self, frame: &'a [u8]) -> Result<(u8, &'a [u8]), String> {
+        if frame.len() < ETH_LEN + HDR {
+            return Err(format!(
+                "control frame of {} bytes is too short",
+                frame.len()
+            ));
+        }
+        if frame[12..14] != ETHERTYPE_CONTROL.to_be_bytes()
+            || frame[14] != b'T'
+            || frame[15] != b'C'
+        {
+            return Err("not a torus control frame".into());
+        }
+        if frame[16] != 1 {
+            return Err(format!("control version {} is not spoken here", frame[16]));
+        }
+        let ty = frame[17];
+        let auth = frame[18] & FLAG_AUTH != 0;
+        let want = match ty {
+            HELLO => HELLO_LEN,
+            LSA => LSA_LEN,
+            t => return Err(format!("unknown control frame type {t}")),
+        };
+        let need = want + if auth { MAC_LEN } else { 0 };
+        if frame.len() < need {
+            return Err(format!(
+                "control frame type {ty} truncated: {} of {need} bytes",
+                frame.len()
+            ));
+        }
+        match (&self.cfg.key, auth) {
+            (Some(key), true) => {
+                let mut m = Hmac::<Sha256>::new_from_slice(key).map_err(|e| e.to_string())?;
+                m.update(&frame[ETH_LEN..want]);
+                let tag = m.finalize().into_bytes();
+                if tag[..MAC_LEN] != frame[want..want + MAC_LEN] {
+                    return Err("control frame with a wrong cluster key".into());
+                }
+            }
+            (Some(_), false) => {
+                return Err("unauthenticated control frame (a cluster key is set)".into())
+            }
+            (None, _) => {}
+        }
+        Ok((ty, &frame[ETH_LEN + HDR..want]))
+    }
+
+    fn on_hello(&mut self, now: Time, dir: Dir, frame: &[u8], b: &[u8]) {
+        if !self.cfg.links.contains(dir) {
+            return;
+        }
+        let node_id = get64(b, 0);
+        let has = b[8] != 0;
+        let Some(their_dir) = Dir::from_index(b[9]) else {
+            self.events.push_back(ControlEvent::Refused(format!(
+                "hello with bad direction {}",
+                b[9]
+            )));
+            return;
+        };
+        let their = Coord::new(get16(b, 10), get16(b, 12), get16(b, 14));
+        let heard = get64(b, 16);
+        let their_dims = (get16(b, 24), get16(b, 26), get16(b, 28));
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&frame[6..12]);
+        let d = self.cfg.dims;
+        let dims_ok = their_dims == (d.x(), d.y(), d.z());
+        let coord = has.then_some(their).filter(|c| d.contains(*c));
+
+        // Adopt a coordinate from the first neighbour that has one, when consistent.
+        if self.coord.is_none() && dims_ok && their_dir == dir.opposite() {
+            if let Some(c) = coord {
+                let mine = d.neighbor(c, dir.opposite());
+                self.assign(mine);
+            }
+        }
+        let mut problem = None;
+        if !dims_ok {
+            problem = Some(format!(
+                "neighbour node {node_id} runs a {}x{}x{} torus, this server {d}",
+                their_dims.0, their_dims.1, their_dims.2
+            ));
+        } else if their_dir != dir.opposite() {
+            problem = Some(format!(
+                "expected the neighbour to call this link {}, it calls it {their_dir} (node {node_id})",
+                dir.opposite()
+            ));
+        } else if let (Some(me), Some(c)) = (self.coord, coord) {
+            let want = d.neighbor(me, dir);
+            if c != want {
+                problem = Some(format!(
+                    "expected the neighbour at {want}, saw node {node_id} at {c}"
+                ));
+            }
+        }
+        let l = &mut self.links[usize::from(dir.index())];
+        l.last_hello = Some(now);
+        l.neighbor = Some(Neighbor {
+            node_id,
+            mac,
+            coord,
+            dir: their_dir,
+        });
+        if l.miswired != problem {
+            if let Some(p) = &problem {
+                self.events.push_back(ControlEvent::Miswired {
+                    dir,
+                    detail: p.clone(),
+                });
+            }
+            l.miswired = problem.clone();
+        }
+        // Up only two-way (they hear us) and consistent.
+        let up = problem.is_none() && heard == self.cfg.node_id;
+        self.set_up(dir, up);
+    }
+
+    /// Takes a coordinate for good, and tells everyone (a new record).
+    fn assign(&mut self, c: Coord) {
+        self.coord = Some(c);
+        self.events.push_back(ControlEvent::CoordAssigned(c));
+        self.seq += 1;
+        self.last_flood = None;
+        self.dirty = true;
+    }
+
+    fn set_up(&mut self, dir: Dir, up: bool) {
+        let l = &mut self.links[usize::from(dir.index())];
+        if l.up != up {
+            l.up = up;
+            self.events.push_back(if up {
+                ControlEvent::LinkUp(dir)
+            } else {
+                ControlEvent::LinkDown(dir)
+            });
+            self.seq += 1;
+            self.last_flood = None;
+            self.dirty = true;
+        }
+    }
+
+    fn on_lsa(&mut self, now: Time, from: Dir, b: &[u8]) {
+        let origin = get64(b, 0);
+        let has = b[8] != 0;
+        let live = DirSet::from_bits(b[9]);
+        let c = Coord::new(get16(b, 10), get16(b, 12), get16(b, 14));
+        let seq = get64(b, 16);
+        if origin == self.cfg.node_id {
+            // Our own record came back; an older incarnation's makes us jump past it.
+            if seq > self.seq {
+                self.seq = seq + 1;
+                self.last_flood = None;
+            }
+            return;
+        }
+        let coord = has.then_some(c).filter(|c| self.cfg.dims.contains(*c));
+        let newer = self.lsdb.get(&origin).is_none_or(|r| seq > r.seq);
+        if let Some(r) = self.lsdb.get_mut(&origin) {
+            if seq == r.seq {
+                r.heard = now;
+                return;
+            }
+        }
+        if !newer {
+            return;
+        }
+        let changed = self
+            .lsdb
+            .get(&origin)
+            .is_none_or(|r| r.coord != coord || r.live != live);
+        self.lsdb.insert(
+            origin,
+            Record {
+                coord,
+                seq,
+                live,
+                heard: now,
+            },
+        );
+        if changed {
+            self.dirty = true;
+        }
+        // Flood on every other up link.
+        let frame = self.lsa_frame(origin, coord, live, seq);
+        for d in self.cfg.links.iter() {
+            if d != from && self.links[usize::from(d.index())].up {
+                self.out.push_back((d, frame.clone()));
+            }
+        }
+    }
+
+    // ---- timers ----
+
+    /// The next time `handle_timeout` must run.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        // A change waits for nothing: flood and recompute at once.
+        if self.dirty || self.last_flood.is_none() {
+            return Some(Time::ZERO);
+        }
+        let mut t = self.next_hello;
+        if let Some(f) = self.last_flood {
+            t = t.min(f + self.cfg.refresh);
+        }
+        // Link death is noticed at the next hello tick at the latest.
+        Some(t)
+    }
+
+    /// Sends hellos, detects dead links, refreshes and ages records, elects an origin,
+    /// recomputes the view.
+    pub fn handle_timeout(&mut self, now: Time) {
+        let started = *self.started.get_or_insert(now);
+        let dead = self.cfg.hello * self.cfg.dead_after;
+        for d in self.cfg.links.iter() {
+            let l = &self.links[usize::from(d.index())];
+            if l.up && l.last_hello.is_none_or(|t| now.since(t) > dead) {
+                self.set_up(d, false);
+            }
+        }
+        // Election: no origin anywhere, we waited, and no lower id is known.
+        if self.coord.is_none() && now.since(started) >= self.cfg.election_delay {
+            let anyone_placed = self.lsdb.values().any(|r| r.coord.is_some())
+                || self
+                    .links
+                    .iter()
+                    .any(|l| l.neighbor.is_some_and(|n| n.coord.is_some()));
+            let lowest = self.lsdb.keys().all(|id| *id > self.cfg.node_id)
+                && self
+                    .links
+                    .iter()
+                    .all(|l| l.neighbor.is_none_or(|n| n.node_id > self.cfg.node_id));
+            if !anyone_placed && lowest {
+                self.assign(Coord::new(0, 0, 0));
+            }
+        }
+        let before = self.lsdb.len();
+        let max_age = self.cfg.max_age;
+        self.lsdb.retain(|_, r| now.since(r.heard) <= max_age);
+        if self.lsdb.len() != before {
+            self.dirty = true;
+        }
+        if now >= self.next_hello {
+            for d in self.cfg.links.iter() {
+                let f = self.hello_frame(d);
+                self.out.push_back((d, f));
+            }
+            self.next_hello = now + self.cfg.hello;
+        }
+        if self
+            .last_flood
+            .is_none_or(|t| now.since(t) >= self.cfg.refresh)
+        {
+            self.last_flood = Some(now);
+            let f = self.lsa_frame(self.cfg.node_id, self.coord, self.live(), self.seq);
+            for d in self.cfg.links.iter() {
+                if self.links[usize::from(d.index())].up {
+                    self.out.push_back((d, f.clone()));
+                }
+            }
+        }
+        self.recompute();
+    }
+
+    fn live(&self) -> DirSet {
+        self.cfg
+            .links
+            .iter()
+            .filter(|d| self.links[usize::from(d.index())].up)
+            .collect()
+    }
+
+    /// Rebuilds the view from the database when something changed.
+    fn recompute(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        self.dirty = false;
+        let Some(me) = self.coord else { return };
+        let Ok(mut view) = LinkView::all_up(self.cfg.dims) else {
+            return;
+        };
+        let dims = self.cfg.dims;
+        let mut live: HashMap<Coord, DirSet> = HashMap::new();
+        for r in self.lsdb.values() {
+            if let Some(c) = r.coord {
+                live.insert(c, r.live);
+            }
+        }
+        live.insert(me, self.live());
+        for c in dims.coords() {
+            let mine = live.get(&c).copied();
+            if mine.is_none() {
+                let _ = view.set_server(c, false);
+            }
+            for d in dims.link_dirs().iter() {
+                let other = live.get(&dims.neighbor(c, d)).copied();
+                let up = mine.is_some_and(|m| m.contains(d))
+                    && other.is_some_and(|o| o.contains(d.opposite()));
+                if !up {
+                    let _ = view.set_link(c, d, false);
+                }
+            }
+        }
+        if self.view.as_ref() != Some(&view) {
+            self.view = Some(view);
+            self.version += 1;
+            self.events
+                .push_back(ControlEvent::ViewChanged(self.version));
+        }
+    }
+
+    // ---- frames out ----
+
+    fn header(&self, ty: u8, len: usize) -> Vec<u8> {
+        let auth = self.cfg.key.is_some();
+        let mut f = vec![0u8; len + if auth { MAC_LEN } else { 0 }];
+        f[0..6].copy_from_slice(&[0xff; 6]);
+        f[12..14].copy_from_slice(&ETHERTYPE_CONTROL.to_be_bytes());
+        f[14] = b'T';
+        f[15] = b'C';
+        f[16] = 1;
+        f[17] = ty;
+        f[18] = if auth { FLAG_AUTH } else { 0 };
+        f
+    }
+
+    fn seal(&self, mut f: Vec<u8>, len: usize) -> Vec<u8> {
+        if let Some(key) = &self.cfg.key {
+            if let Ok(mut m) = Hmac::<Sha256>::new_from_slice(key) {
+                m.update(&f[ETH_LEN..len]);
+                let tag = m.finalize().into_bytes();
+                f[len..len + MAC_LEN].copy_from_slice(&tag[..MAC_LEN]);
+            }
+        }
+        f
+    }
+
+    fn hello_frame(&self, dir: Dir) -> Vec<u8> {
+        let mut f = self.header(HELLO, HELLO_LEN);
+        let b = ETH_LEN + HDR;
+        put64(&mut f, b, self.cfg.node_id);
+        f[b + 8] = u8::from(self.coord.is_some());
+        f[b + 9] = dir.index();
+        let c = self.coord.unwrap_or_default();
+        put16(&mut f, b + 10, c.x);
+        put16(&mut f, b + 12, c.y);
+        put16(&mut f, b + 14, c.z);
+        let heard = self.links[usize::from(dir.index())]
+            .neighbor
+            .map_or(0, |n| n.node_id);
+        put64(&mut f, b + 16, heard);
+        let d = self.cfg.dims;
+        put16(&mut f, b + 24, d.x());
+        put16(&mut f, b + 26, d.y());
+        put16(&mut f, b + 28, d.z());
+        self.seal(f, HELLO_LEN)
+    }
+
+    fn lsa_frame(&self, origin: u64, coord: Option<Coord>, live: DirSet, seq: u64) -> Vec<u8> {
+        let mut f = self.header(LSA, LSA_LEN);
+        let b = ETH_LEN + HDR;
+        put64(&mut f, b, origin);
+        f[b + 8] = u8::from(coord.is_some());
+        f[b + 9] = live.bits();
+        let c = coord.unwrap_or_default();
+        put16(&mut f, b + 10, c.x);
+        put16(&mut f, b + 12, c.y);
+        put16(&mut f, b + 14, c.z);
+        put64(&mut f, b + 16, seq);
+        self.seal(f, LSA_LEN)
+    }
+
+    /// The next frame to send: its link and bytes (the driver sets the source MAC).
+    pub fn poll_transmit(&mut self) -> Option<(Dir, Vec<u8>)> {
+        self.out.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<ControlEvent> {
+        self.events.pop_front()
+    }
+}
