@@ -9,7 +9,6 @@ use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Coord, Dims, Dir};
 
 struct Net {
-    dims: Dims,
     nodes: Vec<ControlNode>,
     alive: Vec<bool>,
     /// (node, dir) -> (peer node, peer dir); None: unplugged.
@@ -38,7 +37,6 @@ impl Net {
             })
             .collect();
         Net {
-            dims,
             nodes,
             alive: vec![true; n],
             wire,
