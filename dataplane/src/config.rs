@@ -93,7 +93,7 @@ struct RawTransport {
 struct Raw {
     name: Option<String>,
     dims: String,
-    coord: String,
+    coord: Option<String>,
     #[serde(default = "default_mtu")]
     mtu: u32,
     #[serde(default)]
@@ -109,6 +109,9 @@ struct Raw {
     transport: RawTransport,
     #[serde(default = "default_umem_chunks")]
     umem_chunks: u32,
+    /// The control process's section of a shared node file (not read here).
+    #[serde(default)]
+    control: Option<toml::Value>,
 }
 
 fn default_mtu() -> u32 {
@@ -139,8 +142,8 @@ pub struct NodeConfig {
     pub name: String,
     /// The torus.
     pub dims: Dims,
-    /// This server.
-    pub coord: Coord,
+    /// This server, when configured; otherwise the control process assigns it.
+    pub coord: Option<Coord>,
     /// Link MTU (bytes after the Ethernet header).
     pub mtu: u32,
     /// Cores to pin pollers to (empty: not pinned).
@@ -183,8 +186,13 @@ impl NodeConfig {
         })?;
         let bad = |s: String| ConfigError::Invalid(s);
         let dims: Dims = raw.dims.parse().map_err(|e| bad(format!("dims: {e}")))?;
-        let coord: Coord = raw.coord.parse().map_err(|e| bad(format!("coord: {e}")))?;
-        dims.check(coord).map_err(|e| bad(format!("coord: {e}")))?;
+        let coord: Option<Coord> = match &raw.coord {
+            Some(s) => {
+                let c: Coord = s.parse().map_err(|e| bad(format!("coord: {e}")))?;
+                Some(dims.check(c).map_err(|e| bad(format!("coord: {e}")))?)
+            }
+            None => None,
+        };
         if !(576..=9000).contains(&raw.mtu) {
             return Err(bad(format!("mtu: {} is outside 576..=9000", raw.mtu)));
         }
@@ -230,10 +238,12 @@ impl NodeConfig {
         }
         let mut view = LinkView::all_up(dims).map_err(|e| bad(format!("dims: {e}")))?;
         // Our own unconfigured directions are down: nothing is plugged in there.
-        for d in dims.link_dirs().iter() {
-            if !seen.contains(d) {
-                view.set_link(coord, d, false)
-                    .map_err(|e| bad(e.to_string()))?;
+        if let Some(coord) = coord {
+            for d in dims.link_dirs().iter() {
+                if !seen.contains(d) {
+                    view.set_link(coord, d, false)
+                        .map_err(|e| bad(e.to_string()))?;
+                }
             }
         }
         for s in &raw.view.down_links {
@@ -293,9 +303,16 @@ impl NodeConfig {
                 raw.umem_chunks
             )));
         }
-        let name = raw
-            .name
-            .unwrap_or_else(|| format!("{}", coord).replace(',', "-"));
+        let _ = raw.control;
+        let name = match (raw.name, coord) {
+            (Some(n), _) => n,
+            (None, Some(c)) => c.to_string().replace(',', "-"),
+            (None, None) => {
+                return Err(bad(
+                    "name: a server without a configured coord needs a name".into(),
+                ))
+            }
+        };
         let socket = raw
             .socket
             .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}.sock")));
@@ -336,7 +353,10 @@ mod tests {
         assert_eq!(c.mtu, 9000);
         assert_eq!(c.polling, Polling::Adaptive);
         assert_eq!(c.links[0].neighbor_mac, Some([2, 0, 0, 0, 0, 1]));
-        assert_eq!(c.view.live_dirs(c.coord), DirSet::EMPTY.with(Dir::PlusX));
+        assert_eq!(
+            c.view.live_dirs(c.coord.unwrap()),
+            DirSet::EMPTY.with(Dir::PlusX)
+        );
     }
 
     #[test]

@@ -1,26 +1,91 @@
 //! The management socket of `torusd`: a Unix stream socket speaking one JSON object per
-//! line each way, for `torusctl status` and friends, tests and scripts. Bad requests get
-//! an error object; the daemon keeps serving.
+//! line each way, for `torusctl`, the control process, tests and scripts. Each client gets
+//! its own thread, so the control process's standing connection never blocks a status query.
+//! Bad requests get `{"error": ...}`; the daemon keeps serving.
 //!
-//! Requests: `{"cmd":"status"}`, `{"cmd":"ping","to":"x,y,z","count":N,"size":B,"reliable":false}`,
-//! `{"cmd":"bench","to":"x,y,z","bytes":N,"size":B,"fence_every":F}`,
-//! `{"cmd":"fault","link":"+x","drop":0.02}`, `{"cmd":"shutdown"}`.
+//! Requests: `status`, `ping`, `bench`, `fault`, `view` (from the control process),
+//! `shutdown`; see docs/dataplane.md.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde_json::{json, Value};
-use torusnet_proto::topology::{Coord, Dir};
+use torusnet_proto::routing::LinkView;
+use torusnet_proto::topology::{Coord, Dims, Dir};
 
 use crate::builtin::{BenchRequest, PingRequest};
+use crate::config::NodeConfig;
+use crate::netns::parse_mac;
 use crate::runtime::{Command, Dataplane};
 
-/// The management server of one dataplane.
+/// A torusd: its configuration and, once it has a coordinate, its running dataplane.
+pub struct Daemon {
+    cfg: Mutex<NodeConfig>,
+    dp: Mutex<Option<Dataplane>>,
+    /// Set to stop the daemon.
+    pub stop: AtomicBool,
+}
+
+impl Daemon {
+    /// A daemon for `cfg`; starts the dataplane now when the coordinate is configured.
+    pub fn new(cfg: NodeConfig) -> Result<Arc<Daemon>, String> {
+        let dp = match cfg.coord {
+            Some(_) => Some(Dataplane::start(&cfg).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        Ok(Arc::new(Daemon {
+            cfg: Mutex::new(cfg),
+            dp: Mutex::new(dp),
+            stop: AtomicBool::new(false),
+        }))
+    }
+
+    /// Whether the dataplane runs (or still waits for its coordinate) and no poller died.
+    pub fn healthy(&self) -> bool {
+        self.dp.lock().as_ref().is_none_or(|d| d.is_running())
+    }
+
+    /// A human summary of the links, for the log.
+    pub fn describe(&self) -> String {
+        match self.dp.lock().as_ref() {
+            None => "waiting for a coordinate from the control process".into(),
+            Some(d) => {
+                let st = d.status();
+                let links: Vec<String> = st
+                    .links
+                    .iter()
+                    .map(|l| {
+                        format!(
+                            "{} on {}: XDP {} ({}), AF_XDP {}{}",
+                            l.dir,
+                            l.ifname,
+                            l.xdp_mode,
+                            l.xdp_section,
+                            l.afxdp_mode,
+                            if l.multi_buffer { ", multi-buffer" } else { "" }
+                        )
+                    })
+                    .collect();
+                format!("at {:?}; {}", st.coord, links.join("; "))
+            }
+        }
+    }
+
+    /// Stops the dataplane (detaching everything).
+    pub fn shutdown(&self) -> Result<(), String> {
+        match self.dp.lock().take() {
+            Some(d) => d.shutdown(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The management server.
 pub struct Mgmt {
     path: PathBuf,
     listener: UnixListener,
@@ -41,43 +106,17 @@ impl Mgmt {
         })
     }
 
-    /// Serves requests until `stop` is set (checked every 50 ms) or a client asks to shut
-    /// down, which sets `stop`.
-    pub fn serve(&self, dp: &Dataplane, stop: &Arc<AtomicBool>) {
-        while !stop.load(Ordering::Acquire) && dp.is_running() {
+    /// Serves until the daemon is told to stop or its dataplane dies.
+    pub fn serve(&self, d: &Arc<Daemon>) {
+        while !d.stop.load(Ordering::Acquire) && d.healthy() {
             match self.listener.accept() {
                 Ok((stream, _)) => {
-                    let _ = stream.set_nonblocking(false);
-                    self.client(stream, dp, stop);
+                    let d = d.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("torusd-mgmt".into())
+                        .spawn(move || client(stream, &d));
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-    }
-
-    fn client(&self, stream: UnixStream, dp: &Dataplane, stop: &Arc<AtomicBool>) {
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(600)));
-        let Ok(mut out) = stream.try_clone() else {
-            return;
-        };
-        let reader = BufReader::new(stream);
-        for line in reader.lines() {
-            let Ok(line) = line else { return };
-            if line.trim().is_empty() {
-                continue;
-            }
-            let answer = match serde_json::from_str::<Value>(&line) {
-                Ok(req) => handle(&req, dp, stop),
-                Err(e) => json!({"error": format!("not JSON: {e}")}),
-            };
-            if writeln!(out, "{answer}").is_err() {
-                return;
-            }
-            if stop.load(Ordering::Acquire) {
-                return;
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
     }
@@ -86,6 +125,26 @@ impl Mgmt {
 impl Drop for Mgmt {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn client(stream: UnixStream, d: &Arc<Daemon>) {
+    let _ = stream.set_nonblocking(false);
+    let Ok(mut out) = stream.try_clone() else {
+        return;
+    };
+    for line in BufReader::new(stream).lines() {
+        let Ok(line) = line else { return };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let answer = match serde_json::from_str::<Value>(&line) {
+            Ok(req) => handle(&req, d).unwrap_or_else(|e| json!({"error": e})),
+            Err(e) => json!({"error": format!("not JSON: {e}")}),
+        };
+        if writeln!(out, "{answer}").is_err() || d.stop.load(Ordering::Acquire) {
+            return;
+        }
     }
 }
 
@@ -102,10 +161,30 @@ fn wait(rx: mpsc::Receiver<Value>, secs: u64) -> Value {
         .unwrap_or_else(|_| json!({"error": "no answer from the poller in time"}))
 }
 
-fn handle(req: &Value, dp: &Dataplane, stop: &Arc<AtomicBool>) -> Value {
+fn with_dp<T>(d: &Daemon, f: impl FnOnce(&Dataplane) -> Result<T, String>) -> Result<T, String> {
+    match d.dp.lock().as_ref() {
+        Some(dp) => f(dp),
+        None => Err("the dataplane waits for its coordinate from the control process".into()),
+    }
+}
+
+fn push(dp: &Dataplane, c: Command) -> Result<(), String> {
+    dp.command(c)
+        .map_err(|_| "the poller's command queue is full".to_string())
+}
+
+fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     let cmd = req.get("cmd").and_then(Value::as_str).unwrap_or("");
-    let r: Result<Value, String> = (|| match cmd {
-        "status" => serde_json::to_value(dp.status()).map_err(|e| e.to_string()),
+    match cmd {
+        "status" => match d.dp.lock().as_ref() {
+            Some(dp) => serde_json::to_value(dp.status()).map_err(|e| e.to_string()),
+            None => {
+                let cfg = d.cfg.lock();
+                Ok(
+                    json!({"name": cfg.name, "dims": cfg.dims.to_string(), "waiting": "for a coordinate from the control process"}),
+                )
+            }
+        },
         "ping" => {
             let to = coord(req, "to")?;
             let count = req
@@ -123,14 +202,18 @@ fn handle(req: &Value, dp: &Dataplane, stop: &Arc<AtomicBool>) -> Value {
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
             let (tx, rx) = mpsc::channel();
-            dp.command(Command::Ping(PingRequest {
-                to,
-                count,
-                size,
-                reliable,
-                reply: tx,
-            }))
-            .map_err(|_| "the poller's command queue is full".to_string())?;
+            with_dp(d, |dp| {
+                push(
+                    dp,
+                    Command::Ping(PingRequest {
+                        to,
+                        count,
+                        size,
+                        reliable,
+                        reply: tx,
+                    }),
+                )
+            })?;
             Ok(wait(rx, 600))
         }
         "bench" => {
@@ -143,14 +226,18 @@ fn handle(req: &Value, dp: &Dataplane, stop: &Arc<AtomicBool>) -> Value {
                 .clamp(13, 64 << 20) as usize;
             let fence_every = req.get("fence_every").and_then(Value::as_u64).unwrap_or(0);
             let (tx, rx) = mpsc::channel();
-            dp.command(Command::Bench(BenchRequest {
-                to,
-                bytes,
-                size,
-                fence_every,
-                reply: tx,
-            }))
-            .map_err(|_| "the poller's command queue is full".to_string())?;
+            with_dp(d, |dp| {
+                push(
+                    dp,
+                    Command::Bench(BenchRequest {
+                        to,
+                        bytes,
+                        size,
+                        fence_every,
+                        reply: tx,
+                    }),
+                )
+            })?;
             Ok(wait(rx, 1800))
         }
         "fault" => {
@@ -166,17 +253,110 @@ fn handle(req: &Value, dp: &Dataplane, stop: &Arc<AtomicBool>) -> Value {
             if !(0.0..=1.0).contains(&drop) {
                 return Err(format!("drop: {drop} is not a probability"));
             }
-            dp.command(Command::SetFault { dir, drop })
-                .map_err(|_| "the poller's command queue is full".to_string())?;
+            with_dp(d, |dp| push(dp, Command::SetFault { dir, drop }))?;
             Ok(json!({"ok": true}))
         }
+        "view" => apply_view(req, d),
         "shutdown" => {
-            stop.store(true, Ordering::Release);
+            d.stop.store(true, Ordering::Release);
             Ok(json!({"ok": true}))
         }
         other => Err(format!(
-            "unknown command {other:?} (status, ping, bench, fault, shutdown)"
+            "unknown command {other:?} (status, ping, bench, fault, view, shutdown)"
         )),
-    })();
-    r.unwrap_or_else(|e| json!({"error": e}))
+    }
+}
+
+/// A view published by the control process: the first one starts a dataplane that waited
+/// for its coordinate; later ones are adopted by every poller before the answer goes back.
+fn apply_view(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    let t0 = Instant::now();
+    let dims: Dims = req
+        .get("dims")
+        .and_then(Value::as_str)
+        .ok_or("missing \"dims\"")?
+        .parse()
+        .map_err(|e| format!("dims: {e}"))?;
+    let me = coord(req, "coord")?;
+    let mut view = LinkView::all_up(dims).map_err(|e| e.to_string())?;
+    for s in req
+        .get("down_servers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let c: Coord = s
+            .as_str()
+            .ok_or("down_servers: strings x,y,z")?
+            .parse()
+            .map_err(|e| format!("down_servers: {e}"))?;
+        view.set_server(dims.check(c).map_err(|e| e.to_string())?, false)
+            .map_err(|e| e.to_string())?;
+    }
+    for s in req
+        .get("down_links")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let s = s.as_str().ok_or("down_links: strings x,y,z:DIR")?;
+        let (c, dir) = s
+            .split_once(':')
+            .ok_or_else(|| format!("down_links: {s:?}"))?;
+        let c: Coord = c.parse().map_err(|e| format!("down_links: {e}"))?;
+        let dir: Dir = dir.parse().map_err(|e| format!("down_links: {e}"))?;
+        view.set_link(dims.check(c).map_err(|e| e.to_string())?, dir, false)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut macs = [None; 6];
+    if let Some(n) = req.get("neighbors").and_then(Value::as_object) {
+        for (k, v) in n {
+            let dir: Dir = k.parse().map_err(|e| format!("neighbors: {e}"))?;
+            let m = v
+                .as_str()
+                .and_then(parse_mac)
+                .ok_or_else(|| format!("neighbors: bad MAC for {k}"))?;
+            macs[usize::from(dir.index())] = Some(m);
+        }
+    }
+    {
+        let mut cfg = d.cfg.lock();
+        if dims != cfg.dims {
+            return Err(format!(
+                "the control process runs a {dims} torus, this dataplane {}",
+                cfg.dims
+            ));
+        }
+        if let Some(c) = cfg.coord {
+            if c != me {
+                return Err(format!(
+                    "the control process places this server at {me}, the config at {c}"
+                ));
+            }
+        }
+        let mut dp = d.dp.lock();
+        if dp.is_none() {
+            cfg.coord = Some(me);
+            cfg.view = view;
+            for l in cfg.links.iter_mut() {
+                if let Some(m) = macs[usize::from(l.dir.index())] {
+                    l.neighbor_mac = Some(m);
+                }
+            }
+            *dp = Some(Dataplane::start(&cfg).map_err(|e| e.to_string())?);
+            return Ok(
+                json!({"ok": true, "started": true, "applied_us": t0.elapsed().as_micros() as u64}),
+            );
+        }
+    }
+    let (tx, rx) = mpsc::channel();
+    let pollers = with_dp(d, |dp| {
+        push(dp, Command::SetView(Box::new(view), macs, Some(tx)))?;
+        Ok(dp.status().engine.pollers.max(1))
+    })?;
+    for _ in 0..pollers {
+        rx.recv_timeout(Duration::from_secs(2))
+            .map_err(|_| "the pollers did not adopt the view in time".to_string())?;
+    }
+    Ok(json!({"ok": true, "applied_us": t0.elapsed().as_micros() as u64}))
 }

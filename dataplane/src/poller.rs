@@ -301,9 +301,20 @@ impl Poller {
                     self.builtins.start_bench(now, req);
                     n += 1;
                 }
-                Command::SetView(view) => {
+                Command::SetView(view, macs, ack) => {
                     if self.node.set_view(*view).is_ok() {
                         self.view_version += 1;
+                    }
+                    for (k, p) in self.ports.iter_mut().enumerate() {
+                        if let Some(m) = macs[usize::from(p.dir.index())] {
+                            p.neighbor_mac = Some(m);
+                            let l = &self.shared.links[self.link_idx[k]];
+                            l.neighbor_mac
+                                .store(crate::runtime::mac_to_u64(Some(m)), Ordering::Relaxed);
+                        }
+                    }
+                    if let Some(a) = ack {
+                        let _ = a.send(());
                     }
                     n += 1;
                 }

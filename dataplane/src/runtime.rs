@@ -48,8 +48,13 @@ pub enum Command {
         /// Probability, 0 turns it off.
         drop: f64,
     },
-    /// Adopt a new link-state view.
-    SetView(Box<LinkView>),
+    /// Adopt a new link-state view, and the neighbours' MACs per direction (None: keep);
+    /// the sender learns when it is in force.
+    SetView(
+        Box<LinkView>,
+        [Option<[u8; 6]>; 6],
+        Option<std::sync::mpsc::Sender<()>>,
+    ),
     /// Run the built-in ping-pong client.
     Ping(PingRequest),
     /// Run the built-in bulk transfer.
@@ -134,8 +139,9 @@ pub struct LinkInfo {
     pub ifname: String,
     /// Our MAC on it.
     pub local_mac: [u8; 6],
-    /// The neighbour's MAC, if configured.
-    pub neighbor_mac: Option<[u8; 6]>,
+    /// The neighbour's MAC (configured, or learned from the control process): 48 bits, with
+    /// bit 63 set when known.
+    pub neighbor_mac: AtomicU64,
     /// Native or generic XDP.
     pub xdp_mode: &'static str,
     /// `xdp` or `xdp.frags`.
@@ -267,9 +273,12 @@ impl Shared {
             Command::Ping(p) => self.shard_of(p.to),
             Command::Bench(b) => self.shard_of(b.to),
             Command::SetFault { dir, .. } => self.link_shard[usize::from(dir.index())].unwrap_or(0),
-            Command::SetView(v) => {
+            Command::SetView(v, macs, ack) => {
+                // Every poller adopts the view; each acknowledges on the same channel.
                 for s in &self.shards[1..] {
-                    let _ = s.commands.push(Command::SetView(v.clone()));
+                    let _ = s
+                        .commands
+                        .push(Command::SetView(v.clone(), *macs, ack.clone()));
                     s.wake();
                 }
                 0
@@ -380,6 +389,25 @@ impl Service {
     }
 }
 
+/// A MAC packed for an atomic: 48 bits, bit 63 = known.
+pub(crate) fn mac_to_u64(m: Option<[u8; 6]>) -> u64 {
+    m.map_or(0, |m| {
+        let mut b = [0u8; 8];
+        b[2..].copy_from_slice(&m);
+        u64::from_be_bytes(b) | 1 << 63
+    })
+}
+
+/// The MAC packed by [`mac_to_u64`].
+pub(crate) fn mac_from_u64(v: u64) -> Option<[u8; 6]> {
+    (v >> 63 == 1).then(|| {
+        let b = (v & !(1 << 63)).to_be_bytes();
+        let mut m = [0u8; 6];
+        m.copy_from_slice(&b[2..]);
+        m
+    })
+}
+
 /// Adds up the pollers' snapshots (the view-related fields are the same in all; the first
 /// poller's are kept).
 fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
@@ -469,6 +497,11 @@ impl Dataplane {
     /// are dealt to pollers in configuration order; each poller owns its links' rings, a
     /// UMEM shared by them, and the connections of the peers hashed to it.
     pub fn start(cfg: &NodeConfig) -> Result<Dataplane, StartError> {
+        let coord = cfg.coord.ok_or_else(|| {
+            StartError::Engine(
+                "no coordinate: configure coord, or let the control process assign it".into(),
+            )
+        })?;
         let nshards = cfg.cores.len().clamp(1, cfg.links.len().max(1));
         let chunks_per_frame = (cfg.mtu as usize + 14).div_ceil(CHUNK);
         let sock_cfg = SocketConfig {
@@ -502,7 +535,7 @@ impl Dataplane {
                 dir: l.dir,
                 ifname: l.ifname.clone(),
                 local_mac,
-                neighbor_mac: l.neighbor_mac,
+                neighbor_mac: AtomicU64::new(mac_to_u64(l.neighbor_mac)),
                 xdp_mode: xdp.mode().name(),
                 xdp_section: xdp.variant().section(),
                 zero_copy: info.zero_copy,
@@ -523,7 +556,7 @@ impl Dataplane {
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),
             dims: cfg.dims,
-            coord: cfg.coord,
+            coord,
             mtu: cfg.mtu,
             polling: cfg.polling,
             links: infos,
@@ -536,7 +569,7 @@ impl Dataplane {
         });
         let mut pollers = Vec::new();
         for (shard, (umem, ports)) in umems.into_iter().zip(ports).enumerate() {
-            let node = Node::new(cfg.coord, cfg.view.clone(), cfg.transport)
+            let node = Node::new(coord, cfg.view.clone(), cfg.transport)
                 .map_err(|e| StartError::Engine(e.to_string()))?;
             let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize);
             let core = cfg.cores.get(shard).copied();
@@ -606,7 +639,7 @@ impl Dataplane {
                 dir: l.dir.name().to_string(),
                 ifname: l.ifname.clone(),
                 mac: format_mac(l.local_mac),
-                neighbor_mac: l.neighbor_mac.map(format_mac),
+                neighbor_mac: mac_from_u64(l.neighbor_mac.load(Ordering::Relaxed)).map(format_mac),
                 xdp_mode: l.xdp_mode,
                 xdp_section: l.xdp_section,
                 afxdp_mode: if l.zero_copy { "zero-copy" } else { "copy" },

@@ -2,13 +2,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use clap::Parser;
 use torusnet_dataplane::config::NodeConfig;
-use torusnet_dataplane::mgmt::Mgmt;
-use torusnet_dataplane::runtime::Dataplane;
+use torusnet_dataplane::mgmt::{Daemon, Mgmt};
 
 #[derive(Parser)]
 #[command(
@@ -35,13 +33,8 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let text = e.to_string();
-            eprintln!(
-                "torusd: {}",
-                text.lines()
-                    .next()
-                    .unwrap_or("bad arguments")
-                    .trim_start_matches("error: ")
-            );
+            let first = text.lines().next().unwrap_or("bad arguments");
+            eprintln!("torusd: {}", first.trim_start_matches("error: "));
             return ExitCode::from(2);
         }
     };
@@ -53,22 +46,18 @@ fn main() -> ExitCode {
         }
     };
     if args.check {
+        let at = cfg
+            .coord
+            .map_or("a coordinate from the control process".to_string(), |c| {
+                c.to_string()
+            });
         println!(
-            "torusd: {} is valid ({} at {} in {})",
+            "torusd: {} is valid ({} at {at} in {})",
             args.config.display(),
             cfg.name,
-            cfg.coord,
             cfg.dims
         );
         return ExitCode::SUCCESS;
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        if let Err(e) = ctrlc::set_handler(move || stop.store(true, Ordering::Release)) {
-            eprintln!("torusd: cannot install the signal handler: {e}");
-            return ExitCode::from(1);
-        }
     }
     let mgmt = match Mgmt::bind(&cfg.socket) {
         Ok(m) => m,
@@ -77,47 +66,36 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let dp = match Dataplane::start(&cfg) {
+    let (name, socket) = (cfg.name.clone(), cfg.socket.clone());
+    let daemon = match Daemon::new(cfg) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("torusd: {e}");
             return ExitCode::from(1);
         }
     };
-    let st = dp.status();
-    for l in &st.links {
-        eprintln!(
-            "torusd {}: link {} on {}: XDP {} ({}), AF_XDP {}{}{}",
-            st.name,
-            l.dir,
-            l.ifname,
-            l.xdp_mode,
-            l.xdp_section,
-            l.afxdp_mode,
-            if l.multi_buffer { ", multi-buffer" } else { "" },
-            if l.shared_umem {
-                ", shared UMEM"
-            } else {
-                ", own UMEM"
-            },
-        );
+    {
+        let d = daemon.clone();
+        if let Err(e) = ctrlc::set_handler(move || d.stop.store(true, Ordering::Release)) {
+            eprintln!("torusd: cannot install the signal handler: {e}");
+            return ExitCode::from(1);
+        }
     }
     eprintln!(
-        "torusd {}: serving at {} on {}",
-        st.name,
-        cfg.coord,
-        cfg.socket.display()
+        "torusd {name}: {} (management socket {})",
+        daemon.describe(),
+        socket.display()
     );
-    mgmt.serve(&dp, &stop);
-    let crashed = !dp.is_running();
-    match dp.shutdown() {
+    mgmt.serve(&daemon);
+    let crashed = !daemon.healthy();
+    match daemon.shutdown() {
         Ok(()) if !crashed => ExitCode::SUCCESS,
         Ok(()) => {
-            eprintln!("torusd: the poller stopped unexpectedly");
+            eprintln!("torusd {name}: a poller stopped unexpectedly");
             ExitCode::from(1)
         }
         Err(e) => {
-            eprintln!("torusd: {e}");
+            eprintln!("torusd {name}: {e}");
             ExitCode::from(1)
         }
     }
