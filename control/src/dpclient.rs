@@ -114,3 +114,68 @@ pub fn render_status(v: &Value) -> String {
     );
     out
 }
+
+/// The control process's status as a table for people.
+pub fn render_control(v: &Value) -> String {
+    let mut out = String::new();
+    out += &format!(
+        "control {} (node {}) at {} in a {} torus; view version {} (published to torusd: {}), {} servers reachable",
+        v["name"].as_str().unwrap_or("?"),
+        u(v, &["node_id"]),
+        v["coord"].as_str().unwrap_or("(no coordinate yet)"),
+        v["dims"].as_str().unwrap_or("?"),
+        u(v, &["view_version"]),
+        v["published_version"].as_u64().map_or("no".to_string(), |p| format!("version {p}")),
+        u(v, &["reachable"]),
+    );
+    if let Some(us) = v["publish_latency_us"].as_u64() {
+        out += &format!(", last publish {us} us");
+    }
+    out += "\n";
+    out += "link  interface        state     neighbour                         last hello\n";
+    for l in v["links"].as_array().into_iter().flatten() {
+        let n = &l["neighbor"];
+        let who = if n.is_null() {
+            "-".to_string()
+        } else {
+            format!(
+                "node {} at {} ({})",
+                u(n, &["node_id"]),
+                n["coord"].as_str().unwrap_or("?"),
+                n["mac"].as_str().unwrap_or("?")
+            )
+        };
+        let hello = l["last_hello_ms_ago"]
+            .as_u64()
+            .map_or("never".to_string(), |m| format!("{m} ms ago"));
+        out += &format!(
+            "{:<5} {:<16} {:<9} {:<33} {}\n",
+            l["dir"].as_str().unwrap_or("?"),
+            l["ifname"].as_str().unwrap_or("?"),
+            l["state"].as_str().unwrap_or("?"),
+            who,
+            hello
+        );
+        if let Some(m) = l["miswired"].as_str() {
+            out += &format!("      MISWIRED: {m}\n");
+        }
+    }
+    for p in v["problems"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        out += &format!("{p}\n");
+    }
+    let un: Vec<&str> = v["unreachable"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if !un.is_empty() {
+        out += &format!("unreachable: {}\n", un.join(" "));
+    }
+    out
+}

@@ -1,5 +1,6 @@
-//! The torusnet control side: the offline queries behind `torusctl key` / `torusctl route`
-//! (and, later, the control process that bootstraps coordinates and runs link state).
+//! The torusnet control side: the control process (`torusctl daemon`), the offline queries
+//! behind `torusctl key` / `torusctl route`, and the clients of the daemons' sockets.
 
+pub mod daemon;
 pub mod dpclient;
 pub mod query;

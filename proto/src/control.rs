@@ -500,6 +500,11 @@ impl ControlNode {
             .last_flood
             .is_none_or(|t| now.since(t) >= self.cfg.refresh)
         {
+            // Every flood is a new sequence number, so refreshes travel the whole torus
+            // (receivers forward only newer records) and keep far records from ageing out.
+            if self.last_flood.is_some() {
+                self.seq += 1;
+            }
             self.last_flood = Some(now);
             let f = self.lsa_frame(self.cfg.node_id, self.coord, self.live(), self.seq);
             for d in self.cfg.links.iter() {

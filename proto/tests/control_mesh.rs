@@ -98,7 +98,8 @@ fn coordinates_from_the_wiring_plan_alone() {
         (Dims::new(4, 2, 1).unwrap(), None),
     ] {
         let mut net = Net::torus(dims, origin);
-        net.run(Duration::from_secs(3));
+        // Long enough for records to be refreshed (and not age out) several times.
+        net.run(Duration::from_secs(10));
         for (i, n) in net.nodes.iter().enumerate() {
             assert_eq!(n.coord(), Some(dims.coord(i)), "{dims} node {i}");
             let (_, view) = n.view().expect("a view");

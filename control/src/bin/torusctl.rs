@@ -58,14 +58,27 @@ enum Cmd {
         #[arg(long = "down-link", value_parser = parse_link)]
         down_link: Vec<LinkRef>,
     },
-    /// A running torusd's links, counters and view (table, or --json).
+    /// This server's control process and dataplane: coordinate, links, neighbours, view,
+    /// counters (table, or --json).
     Status {
+        /// The node file: finds both daemons' sockets.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// torusd's management socket.
         #[arg(long)]
-        socket: PathBuf,
+        socket: Option<PathBuf>,
+        /// The control process's status socket.
+        #[arg(long)]
+        control: Option<PathBuf>,
         /// Print the raw JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Run the control process of one server (coordinates, neighbours, link state).
+    Daemon {
+        /// The node file.
+        #[arg(long)]
+        config: PathBuf,
     },
     /// Ping-pong through torusd's built-in ping service (JSON).
     Ping {
@@ -154,16 +167,20 @@ fn run(cmd: Cmd) -> Result<String, String> {
             let a = query::route(dims, from, to, &down, &down_link).map_err(|e| e.to_string())?;
             serde_json::to_string(&a)
         }
-        Cmd::Status { socket, json } => {
-            let v = dpclient::request(
-                &socket,
-                &serde_json::json!({"cmd": "status"}),
-                Duration::from_secs(5),
-            )?;
-            if json {
-                return Ok(v.to_string());
-            }
-            return Ok(dpclient::render_status(&v).trim_end().to_string());
+        Cmd::Status {
+            config,
+            socket,
+            control,
+            json,
+        } => return status(config, socket, control, json),
+        Cmd::Daemon { config } => {
+            let cfg = torusnet_control::daemon::DaemonConfig::load(&config)?;
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let s = stop.clone();
+            ctrlc::set_handler(move || s.store(true, std::sync::atomic::Ordering::Release))
+                .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+            torusnet_control::daemon::run(cfg, stop)?;
+            return Ok(String::new());
         }
         Cmd::Ping {
             socket,
@@ -195,6 +212,50 @@ fn run(cmd: Cmd) -> Result<String, String> {
     json.map_err(|e| format!("cannot encode the answer: {e}"))
 }
 
+/// Queries whichever daemons the arguments name (both, from a node file).
+fn status(
+    config: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    control: Option<PathBuf>,
+    json: bool,
+) -> Result<String, String> {
+    let (mut socket, mut control) = (socket, control);
+    if let Some(c) = config {
+        let d = torusnet_control::daemon::DaemonConfig::load(&c)?;
+        socket = socket.or(d.dataplane);
+        control = control.or(Some(d.socket));
+    }
+    if socket.is_none() && control.is_none() {
+        return Err("give --config NODE.toml, or --socket and/or --control".into());
+    }
+    let req = serde_json::json!({"cmd": "status"});
+    let t = Duration::from_secs(5);
+    let ctl = control.map(|c| dpclient::request(&c, &req, t));
+    let dp = socket.map(|s| dpclient::request(&s, &req, t));
+    if json {
+        let v = serde_json::json!({
+            "control": ctl.as_ref().map(|r| r.clone().unwrap_or_else(|e| serde_json::json!({"error": e}))),
+            "dataplane": dp.as_ref().map(|r| r.clone().unwrap_or_else(|e| serde_json::json!({"error": e}))),
+        });
+        return Ok(v.to_string());
+    }
+    let mut out = String::new();
+    match ctl {
+        Some(Ok(v)) => out += &dpclient::render_control(&v),
+        Some(Err(e)) => out += &format!("control process: {e}\n"),
+        None => {}
+    }
+    match dp {
+        Some(Ok(v)) if v.get("waiting").is_some() => {
+            out += "dataplane: waiting for a coordinate from the control process\n"
+        }
+        Some(Ok(v)) => out += &dpclient::render_status(&v),
+        Some(Err(e)) => out += &format!("dataplane: {e}\n"),
+        None => {}
+    }
+    Ok(out.trim_end().to_string())
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -216,8 +277,12 @@ fn main() -> ExitCode {
         }
     };
     match run(cli.cmd) {
-        Ok(json) => {
-            println!("{json}");
+        Ok(out) => {
+            if !out.is_empty() {
+                use std::io::Write;
+                // A closed pipe (torusctl ... | head) is not an error worth a panic.
+                let _ = writeln!(std::io::stdout(), "{out}");
+            }
             ExitCode::SUCCESS
         }
         Err(msg) => {

@@ -1,0 +1,672 @@
+//! `torusctl daemon`: the control process of one server. It runs the control-plane state
+//! machine (`proto::control`) over one AF_PACKET socket per link (EtherType 0x88B6, which the
+//! XDP program passes to the kernel), persists the coordinate it is given, publishes every
+//! new view to `torusd` over its management socket, and answers status queries on its own
+//! socket. It holds no protocol logic.
+//!
+//! Why a Unix socket to torusd rather than pinned BPF maps: a push reaches the pollers at
+//! once (no polling of a map version), needs no bpffs, and the same socket already carries
+//! status and commands; torusd keeps its last view when this process is gone.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use torusnet_proto::control::{ControlConfig, ControlEvent, ControlNode};
+use torusnet_proto::routing::LinkView;
+use torusnet_proto::time::Time;
+use torusnet_proto::topology::{Coord, Dims, Dir, DirSet};
+use torusnet_proto::wire::ETHERTYPE_CONTROL;
+
+/// The control process's settings, read from the node file (`[control]` and the shared
+/// top-level fields).
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Label.
+    pub name: String,
+    /// The torus.
+    pub dims: Dims,
+    /// Links: interface and direction (the wiring plan).
+    pub links: Vec<(String, Dir)>,
+    /// Unique id.
+    pub node_id: u64,
+    /// This server is the origin.
+    pub origin: bool,
+    /// Where the assigned coordinate is kept.
+    pub state_file: PathBuf,
+    /// This process's status socket.
+    pub socket: PathBuf,
+    /// torusd's management socket, to publish views to (none: do not publish).
+    pub dataplane: Option<PathBuf>,
+    /// Hello interval.
+    pub hello: Duration,
+    /// Missed hellos before a link is down.
+    pub dead_after: u32,
+    /// Cluster key for authenticated control frames.
+    pub key: Option<Vec<u8>>,
+}
+
+fn hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || s.is_empty() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
+
+impl DaemonConfig {
+    /// Reads the node file; errors are one line naming the field.
+    pub fn load(path: &Path) -> Result<DaemonConfig, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let v: toml::Value = toml::from_str(&text)
+            .map_err(|e| format!("{}: {}", path.display(), e.to_string().replace('\n', " ")))?;
+        let s = |k: &str| v.get(k).and_then(|x| x.as_str());
+        let dims: Dims = s("dims")
+            .ok_or("dims: missing")?
+            .parse()
+            .map_err(|e| format!("dims: {e}"))?;
+        let name = s("name").ok_or("name: missing")?.to_string();
+        let mut links = Vec::new();
+        for l in v
+            .get("link")
+            .and_then(|x| x.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let ifname = l
+                .get("ifname")
+                .and_then(|x| x.as_str())
+                .ok_or("link.ifname: missing")?;
+            let dir: Dir = l
+                .get("dir")
+                .and_then(|x| x.as_str())
+                .ok_or("link.dir: missing")?
+                .parse()
+                .map_err(|e| format!("link {ifname}: {e}"))?;
+            if !dims.has_links(dir) {
+                return Err(format!(
+                    "link {ifname}: direction {dir} does not exist in a {dims} torus"
+                ));
+            }
+            links.push((ifname.to_string(), dir));
+        }
+        if links.is_empty() {
+            return Err("no [[link]] configured".into());
+        }
+        let empty = toml::Value::Table(Default::default());
+        let c = v.get("control").unwrap_or(&empty);
+        let node_id = match c.get("node_id") {
+            Some(x) => x
+                .as_integer()
+                .filter(|n| *n >= 0)
+                .ok_or("control.node_id: a non-negative integer")? as u64,
+            // Derived from the name: stable across restarts, unique in practice.
+            None => torusnet_proto::Key::from_string(&name).routing_key() >> 1,
+        };
+        let origin = c.get("origin").and_then(|x| x.as_bool()).unwrap_or(false);
+        let state_file = c
+            .get("state_file")
+            .and_then(|x| x.as_str())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(format!("/var/lib/torusnet/{name}.coord")));
+        let socket = c
+            .get("socket")
+            .and_then(|x| x.as_str())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}-control.sock")));
+        let publish = c.get("publish").and_then(|x| x.as_bool()).unwrap_or(true);
+        let dataplane = publish.then(|| {
+            s("socket")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}.sock")))
+        });
+        let hello_ms = c
+            .get("hello_ms")
+            .and_then(|x| x.as_integer())
+            .unwrap_or(100);
+        if !(5..=10_000).contains(&hello_ms) {
+            return Err(format!("control.hello_ms: {hello_ms} is outside 5..=10000"));
+        }
+        let dead_after = c
+            .get("dead_after")
+            .and_then(|x| x.as_integer())
+            .unwrap_or(3);
+        if !(1..=100).contains(&dead_after) {
+            return Err(format!(
+                "control.dead_after: {dead_after} is outside 1..=100"
+            ));
+        }
+        let key = match c.get("key").and_then(|x| x.as_str()) {
+            Some(k) => Some(hex(k).ok_or("control.key: hex digits")?),
+            None => None,
+        };
+        Ok(DaemonConfig {
+            name,
+            dims,
+            links,
+            node_id,
+            origin,
+            state_file,
+            socket,
+            dataplane,
+            hello: Duration::from_millis(hello_ms as u64),
+            dead_after: dead_after as u32,
+            key,
+        })
+    }
+}
+
+/// An AF_PACKET socket on one link, for control frames only.
+struct LinkSocket {
+    dir: Dir,
+    ifname: String,
+    fd: OwnedFd,
+    mac: [u8; 6],
+}
+
+fn packet_socket(ifname: &str) -> Result<(OwnedFd, [u8; 6]), String> {
+    let proto = ETHERTYPE_CONTROL.to_be() as i32;
+    // SAFETY: plain syscall; the fd is owned on success.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            proto,
+        )
+    };
+    if fd < 0 {
+        return Err(format!(
+            "{ifname}: AF_PACKET socket: {} (needs CAP_NET_RAW)",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: fd is fresh and ours.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let c = std::ffi::CString::new(ifname).map_err(|_| format!("{ifname}: bad name"))?;
+    // SAFETY: c is a valid C string.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        return Err(format!(
+            "{ifname}: no such interface in this network namespace"
+        ));
+    }
+    // SAFETY: sockaddr_ll is plain data.
+    let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sa.sll_family = libc::AF_PACKET as u16;
+    sa.sll_protocol = ETHERTYPE_CONTROL.to_be();
+    sa.sll_ifindex = idx as i32;
+    // SAFETY: sa is a valid sockaddr_ll of the size given.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(format!(
+            "{ifname}: bind: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: ifreq is plain data.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(ifname.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFHWADDR fills the union with the hardware address.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } < 0 {
+        return Err(format!(
+            "{ifname}: MAC address: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: after SIOCGIFHWADDR the union holds a sockaddr.
+    let hw = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (d, s) in mac.iter_mut().zip(hw.sa_data.iter()) {
+        *d = *s as u8;
+    }
+    Ok((fd, mac))
+}
+
+fn fmt_mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn read_coord(path: &Path, dims: Dims) -> Option<Coord> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let c: Coord = s.trim().parse().ok()?;
+    dims.contains(c).then_some(c)
+}
+
+fn write_coord(path: &Path, c: Coord) -> std::io::Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{c}\n"))?;
+    std::fs::rename(tmp, path)
+}
+
+/// Publishes views to torusd over a standing connection, reconnecting as needed.
+struct Publisher {
+    path: PathBuf,
+    conn: Option<(UnixStream, BufReader<UnixStream>)>,
+    published: u64,
+    latency_us: Option<u64>,
+    last_try: Option<Instant>,
+    last_error: Option<String>,
+}
+
+impl Publisher {
+    fn publish(&mut self, msg: &Value, version: u64) {
+        if self
+            .last_try
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(200))
+            && self.conn.is_none()
+        {
+            return;
+        }
+        self.last_try = Some(Instant::now());
+        if self.conn.is_none() {
+            match UnixStream::connect(&self.path) {
+                Ok(s) => {
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    match s.try_clone() {
+                        Ok(r) => self.conn = Some((s, BufReader::new(r))),
+                        Err(e) => {
+                            self.last_error = Some(e.to_string());
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.last_error = Some(format!("torusd at {}: {e}", self.path.display()));
+                    return;
+                }
+            }
+        }
+        let Some((w, r)) = self.conn.as_mut() else {
+            return;
+        };
+        let t0 = Instant::now();
+        let mut line = String::new();
+        let ok = writeln!(w, "{msg}").is_ok() && r.read_line(&mut line).is_ok_and(|n| n > 0);
+        if !ok {
+            self.conn = None;
+            self.last_error = Some("torusd connection lost".into());
+            return;
+        }
+        match serde_json::from_str::<Value>(&line) {
+            Ok(v) if v.get("ok").is_some() => {
+                self.published = version;
+                self.latency_us = Some(t0.elapsed().as_micros() as u64);
+                self.last_error = None;
+            }
+            Ok(v) => self.last_error = Some(v["error"].as_str().unwrap_or("refused").to_string()),
+            Err(e) => self.last_error = Some(e.to_string()),
+        }
+    }
+}
+
+/// The view as torusd's `view` command wants it.
+fn view_message(node: &ControlNode, version: u64, view: &LinkView) -> Option<Value> {
+    let me = node.coord()?;
+    let dims = node.dims();
+    let mut down_servers = Vec::new();
+    let mut down_links = Vec::new();
+    for c in dims.coords() {
+        if !view.is_up(c) {
+            down_servers.push(c.to_string());
+            continue;
+        }
+        let live = view.live_dirs(c);
+        for d in dims.link_dirs().iter() {
+            if !live.contains(d) && view.is_up(dims.neighbor(c, d)) {
+                down_links.push(format!("{c}:{d}"));
+            }
+        }
+    }
+    let mut neighbors = serde_json::Map::new();
+    for d in Dir::ALL {
+        if let Some(n) = node.link(d).neighbor {
+            neighbors.insert(d.name().to_string(), json!(fmt_mac(n.mac)));
+        }
+    }
+    Some(json!({
+        "cmd": "view",
+        "version": version,
+        "dims": dims.to_string(),
+        "coord": me.to_string(),
+        "neighbors": neighbors,
+        "down_servers": down_servers,
+        "down_links": down_links,
+    }))
+}
+
+/// Runs the control process until `stop` is set.
+pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
+    let mut socks = Vec::new();
+    for (ifname, dir) in &cfg.links {
+        let (fd, mac) = packet_socket(ifname)?;
+        socks.push(LinkSocket {
+            dir: *dir,
+            ifname: ifname.clone(),
+            fd,
+            mac,
+        });
+    }
+    let persisted = read_coord(&cfg.state_file, cfg.dims);
+    let incarnation = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(1);
+    let mut cc = ControlConfig::new(
+        cfg.node_id,
+        cfg.dims,
+        cfg.links.iter().map(|l| l.1).collect::<DirSet>(),
+    );
+    cc.origin = cfg.origin;
+    cc.coord = persisted;
+    cc.hello = cfg.hello;
+    cc.dead_after = cfg.dead_after;
+    cc.key = cfg.key.clone();
+    cc.incarnation = incarnation;
+    let refresh = cc.refresh;
+    let mut node = ControlNode::new(cc);
+
+    let status = Arc::new(parking_lot::Mutex::new(
+        json!({"name": cfg.name, "starting": true}),
+    ));
+    let listener = bind_status(&cfg.socket)?;
+    {
+        let status = status.clone();
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("control-status".into())
+            .spawn(move || serve_status(listener, status, stop))
+            .map_err(|e| e.to_string())?;
+    }
+    let epoch = Instant::now();
+    let now = || Time::from_nanos(epoch.elapsed().as_nanos() as u64);
+    let mut publisher = cfg.dataplane.clone().map(|path| Publisher {
+        path,
+        conn: None,
+        published: 0,
+        latency_us: None,
+        last_try: None,
+        last_error: None,
+    });
+    // After a (re)start, publish only once the database has been refilled by the others'
+    // refreshes, so a restarted control process never hands torusd a half-empty view.
+    let hold = refresh + cfg.hello * (cfg.dead_after + 1);
+    let mut log: VecDeque<String> = VecDeque::new();
+    let say = |log: &mut VecDeque<String>, s: String| {
+        eprintln!("torusctl daemon {}: {s}", cfg.name);
+        log.push_back(format!("{:.3}s {s}", epoch.elapsed().as_secs_f64()));
+        if log.len() > 50 {
+            log.pop_front();
+        }
+    };
+    if let Some(c) = persisted {
+        say(
+            &mut log,
+            format!("coordinate {c} from {}", cfg.state_file.display()),
+        );
+    }
+    let mut refused = 0u64;
+    // Miswirings stay listed (the log rolls over).
+    let mut problems: Vec<String> = Vec::new();
+    let mut last_status = Instant::now() - Duration::from_secs(1);
+    let mut buf = vec![0u8; 2048];
+    let mut fds: Vec<libc::pollfd> = socks
+        .iter()
+        .map(|s| libc::pollfd {
+            fd: s.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    while !stop.load(Ordering::Acquire) {
+        let t = now();
+        let wait = node
+            .poll_timeout()
+            .map_or(Duration::from_millis(50), |d| d.since(t))
+            .min(Duration::from_millis(50));
+        // SAFETY: fds is a valid array of pollfd.
+        unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                wait.as_millis() as i32,
+            )
+        };
+        for s in &socks {
+            loop {
+                // SAFETY: reading into our buffer.
+                let n = unsafe {
+                    libc::recv(
+                        s.fd.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if n <= 0 {
+                    break;
+                }
+                let n = n as usize;
+                // Our own frames echoed back by AF_PACKET: not for us.
+                if n >= 12 && buf[6..12] == s.mac {
+                    continue;
+                }
+                node.handle_frame(now(), s.dir, &buf[..n]);
+            }
+        }
+        let t = now();
+        if node.poll_timeout().is_some_and(|d| d <= t) {
+            node.handle_timeout(t);
+        }
+        while let Some((d, mut f)) = node.poll_transmit() {
+            if let Some(s) = socks.iter().find(|s| s.dir == d) {
+                f[6..12].copy_from_slice(&s.mac);
+                if let Some(n) = node.link(d).neighbor {
+                    f[0..6].copy_from_slice(&n.mac);
+                }
+                // SAFETY: sending our buffer on a bound packet socket.
+                unsafe {
+                    libc::send(
+                        s.fd.as_raw_fd(),
+                        f.as_ptr().cast(),
+                        f.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+            }
+        }
+        while let Some(e) = node.poll_event() {
+            match e {
+                ControlEvent::CoordAssigned(c) => {
+                    say(&mut log, format!("coordinate {c} assigned"));
+                    if let Err(e) = write_coord(&cfg.state_file, c) {
+                        say(
+                            &mut log,
+                            format!(
+                                "cannot persist the coordinate to {}: {e}",
+                                cfg.state_file.display()
+                            ),
+                        );
+                    }
+                }
+                ControlEvent::Miswired { dir, detail } => {
+                    let ifname = socks
+                        .iter()
+                        .find(|s| s.dir == dir)
+                        .map_or("?", |s| s.ifname.as_str());
+                    let line = format!("MISWIRED interface {ifname} ({dir}): {detail}");
+                    if !problems.contains(&line) {
+                        problems.push(line.clone());
+                    }
+                    say(&mut log, line);
+                }
+                ControlEvent::LinkUp(d) => say(&mut log, format!("link {d} up")),
+                ControlEvent::LinkDown(d) => say(&mut log, format!("link {d} down")),
+                ControlEvent::ViewChanged(v) => say(&mut log, format!("view version {v}")),
+                ControlEvent::Refused(_) => refused += 1,
+            }
+        }
+        if let (Some(p), Some((version, view))) = (publisher.as_mut(), node.view()) {
+            if version != p.published && epoch.elapsed() >= hold {
+                if let Some(msg) = view_message(&node, version, view) {
+                    p.publish(&msg, version);
+                }
+            }
+        }
+        if last_status.elapsed() >= Duration::from_millis(50) {
+            last_status = Instant::now();
+            let mut snap = snapshot(
+                &cfg,
+                &node,
+                &socks,
+                publisher.as_ref(),
+                &log,
+                refused,
+                now(),
+            );
+            snap["problems"] = json!(problems);
+            *status.lock() = snap;
+        }
+    }
+    let _ = std::fs::remove_file(&cfg.socket);
+    Ok(())
+}
+
+fn snapshot(
+    cfg: &DaemonConfig,
+    node: &ControlNode,
+    socks: &[LinkSocket],
+    p: Option<&Publisher>,
+    log: &VecDeque<String>,
+    refused: u64,
+    now: Time,
+) -> Value {
+    let links: Vec<Value> = socks
+        .iter()
+        .map(|s| {
+            let l = node.link(s.dir);
+            let state = if l.miswired.is_some() { "miswired" } else if l.up { "up" } else { "down" };
+            json!({
+                "ifname": s.ifname,
+                "dir": s.dir.name(),
+                "mac": fmt_mac(s.mac),
+                "state": state,
+                "neighbor": l.neighbor.map(|n| json!({"node_id": n.node_id, "coord": n.coord.map(|c| c.to_string()), "mac": fmt_mac(n.mac), "calls_link": n.dir.name()})),
+                "last_hello_ms_ago": l.last_hello.map(|t| now.since(t).as_millis() as u64),
+                "miswired": l.miswired,
+            })
+        })
+        .collect();
+    let down_links: Vec<String> = match node.view() {
+        Some((_, view)) => {
+            let dims = node.dims();
+            dims.coords()
+                .filter(|c| view.is_up(*c))
+                .flat_map(|c| {
+                    let live = view.live_dirs(c);
+                    dims.link_dirs()
+                        .iter()
+                        .filter(move |d| !live.contains(*d) && view.is_up(dims.neighbor(c, *d)))
+                        .map(move |d| format!("{c}:{d}"))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    let (version, unreachable, reachable) = match node.view() {
+        Some((v, view)) => {
+            let dims = node.dims();
+            let me = node.coord().unwrap_or_default();
+            let dist = view.distances_from(me).unwrap_or_default();
+            let unreachable: Vec<String> = dims
+                .coords()
+                .filter(|c| dist.get(dims.index(*c)).is_none_or(|d| *d == u32::MAX))
+                .map(|c| c.to_string())
+                .collect();
+            let reachable = dims.count() as usize - unreachable.len();
+            (v, unreachable, reachable)
+        }
+        None => (0, Vec::new(), 0),
+    };
+    json!({
+        "name": cfg.name,
+        "node_id": cfg.node_id,
+        "coord": node.coord().map(|c| c.to_string()),
+        "dims": cfg.dims.to_string(),
+        "links": links,
+        "view_version": version,
+        "reachable": reachable,
+        "unreachable": unreachable,
+        "down_links": down_links,
+        "lsdb_records": node.lsdb().len(),
+        "published_version": p.map(|p| p.published),
+        "publish_latency_us": p.and_then(|p| p.latency_us),
+        "publish_error": p.and_then(|p| p.last_error.clone()),
+        "refused_frames": refused,
+        "log": log.iter().collect::<Vec<_>>(),
+    })
+}
+
+fn bind_status(path: &Path) -> Result<UnixListener, String> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    let _ = std::fs::remove_file(path);
+    let l =
+        UnixListener::bind(path).map_err(|e| format!("status socket {}: {e}", path.display()))?;
+    l.set_nonblocking(true).map_err(|e| e.to_string())?;
+    Ok(l)
+}
+
+fn serve_status(l: UnixListener, status: Arc<parking_lot::Mutex<Value>>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Acquire) {
+        let Ok((s, _)) = l.accept() else {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
+        let status = status.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let _ = s.set_nonblocking(false);
+            let Ok(mut w) = s.try_clone() else { return };
+            for line in BufReader::new(s).lines() {
+                let Ok(line) = line else { return };
+                let req: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                let ans = match req.get("cmd").and_then(Value::as_str) {
+                    Some("status") => status.lock().clone(),
+                    Some("shutdown") => {
+                        stop.store(true, Ordering::Release);
+                        json!({"ok": true})
+                    }
+                    _ => json!({"error": "unknown command (status, shutdown)"}),
+                };
+                if writeln!(w, "{ans}").is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# A torus of network namespaces on this machine, joined by veth pairs.
+#
+#   netns-torus.sh up DIMS [--mtu N] [--prefix P] [--key HEX]   make it (replacing an old one of that prefix)
+#   netns-torus.sh start [--prefix P] [--polling busy|adaptive] start torusctl daemon + torusd in every namespace
+#   netns-torus.sh stop  [--prefix P]                            stop the daemons it started
+#   netns-torus.sh down  [--prefix P]                            stop them and remove everything it made
+#   netns-torus.sh list  [--prefix P]                            namespaces and config files
+#
+# Server (x,y,z) lives in namespace P-x-y-z; its link in direction +x is the interface "px"
+# there, -x is "mx", and so on for y and z, so `ip -n P-1-0-2 link` reads as a wiring plan.
+# A 3x3x3 torus is 27 namespaces and 81 veth pairs; an axis of size 2 has two links between
+# the same two servers (+x of one to -x of the other, and back), an axis of size 1 none.
+# Everything made is listed in /run/torusnet/P/manifest; `down` removes what is listed there
+# and nothing else, also after a crash. Node files (read by torusd and torusctl daemon) are
+# /run/torusnet/P/x-y-z.toml; logs are beside them.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cmd=${1:-}
+shift || true
+prefix=tn
+mtu=1500
+dims=
+key=
+polling=adaptive
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --mtu) mtu=${2:?--mtu needs a value}; shift 2 ;;
+    --prefix) prefix=${2:?--prefix needs a value}; shift 2 ;;
+    --key) key=${2:?--key needs hex digits}; shift 2 ;;
+    --polling) polling=${2:?--polling needs busy or adaptive}; shift 2 ;;
+    -*) echo "netns-torus.sh: unknown option $1" >&2; exit 2 ;;
+    *) if [ -z "$dims" ]; then dims=$1; shift; else echo "netns-torus.sh: unexpected $1" >&2; exit 2; fi ;;
+  esac
+done
+case "$prefix" in
+  *[!a-z0-9]*|"") echo "netns-torus.sh: --prefix must be lower-case letters and digits" >&2; exit 2 ;;
+esac
+[ ${#prefix} -le 8 ] || { echo "netns-torus.sh: --prefix is at most 8 characters" >&2; exit 2; }
+case "$polling" in busy|adaptive) ;; *) echo "netns-torus.sh: --polling is busy or adaptive" >&2; exit 2 ;; esac
+state=/run/torusnet/$prefix
+bin=${TORUS_BIN:-$here/target/release}
+
+stop_daemons() {
+  [ -f "$state/pids" ] || return 0
+  # Only PIDs we recorded, and only if they still run our binaries.
+  while read -r pid; do
+    if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -e torusd -e torusctl; then
+      kill -TERM "$pid" 2>/dev/null || true
+    fi
+  done < "$state/pids"
+  for _ in $(seq 50); do
+    alive=0
+    while read -r pid; do
+      [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && alive=1
+    done < "$state/pids"
+    [ $alive = 0 ] && break
+    sleep 0.1
+  done
+  while read -r pid; do
+    if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -e torusd -e torusctl; then
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done < "$state/pids"
+  rm -f "$state/pids"
+}
+
+down() {
+  stop_daemons
+  if [ -f "$state/manifest" ]; then
+    while read -r kind name; do
+      [ "$kind" = netns ] && ip netns del "$name" 2>/dev/null || true
+    done < "$state/manifest"
+  fi
+  rm -rf "$state"
+}
+
+up() {
+  [ -n "$dims" ] || { echo "netns-torus.sh: up needs DIMS, e.g. 3x3x3 or 4x4" >&2; exit 2; }
+  IFS=x read -r X Y Z <<< "$dims"
+  Z=${Z:-1}
+  for v in "$X" "$Y" "$Z"; do
+    case "$v" in ''|*[!0-9]*) echo "netns-torus.sh: malformed DIMS $dims (expected XxYxZ)" >&2; exit 2 ;; esac
+    [ "$v" -ge 1 ] || { echo "netns-torus.sh: DIMS $dims: each axis at least 1" >&2; exit 2; }
+  done
+  n=$((X * Y * Z))
+  [ $n -le 512 ] || { echo "netns-torus.sh: $n servers is more than this machine should hold (512)" >&2; exit 2; }
+  [ "$mtu" -ge 576 ] && [ "$mtu" -le 9000 ] || { echo "netns-torus.sh: --mtu is 576..9000" >&2; exit 2; }
+  down
+  mkdir -p "$state"
+  echo "$X $Y $Z $mtu" > "$state/dims"
+  ns() { echo "$prefix-$1-$2-$3"; }
+  for ((z = 0; z < Z; z++)); do for ((y = 0; y < Y; y++)); do for ((x = 0; x < X; x++)); do
+    name=$(ns $x $y $z)
+    ip netns add "$name"
+    echo "netns $name" >> "$state/manifest"
+    ip -n "$name" link set lo up
+  done; done; done
+  # One veth pair per link: the + side of each server to the - side of its neighbour.
+  for ((z = 0; z < Z; z++)); do for ((y = 0; y < Y; y++)); do for ((x = 0; x < X; x++)); do
+    a=$(ns $x $y $z)
+    [ "$X" -ge 2 ] && ip -n "$a" link add px mtu "$mtu" type veth peer name mx netns "$(ns $(((x + 1) % X)) $y $z)" mtu "$mtu"
+    [ "$Y" -ge 2 ] && ip -n "$a" link add py mtu "$mtu" type veth peer name my netns "$(ns $x $(((y + 1) % Y)) $z)" mtu "$mtu"
+    [ "$Z" -ge 2 ] && ip -n "$a" link add pz mtu "$mtu" type veth peer name mz netns "$(ns $x $y $(((z + 1) % Z)))" mtu "$mtu"
+    true
+  done; done; done
+  idx=0
+  for ((z = 0; z < Z; z++)); do for ((y = 0; y < Y; y++)); do for ((x = 0; x < X; x++)); do
+    name=$(ns $x $y $z)
+    f="$state/$x-$y-$z.toml"
+    chunks=1024
+    [ "$mtu" -gt 3000 ] && chunks=2048
+    {
+      echo "# Node file of server $x,$y,$z (namespace $name), read by torusd and torusctl daemon."
+      echo "# No coord: the control process assigns it from the origin and the wiring plan."
+      echo "name = \"$name\""
+      echo "dims = \"${X}x${Y}x${Z}\""
+      echo "mtu = $mtu"
+      echo "polling = \"$polling\""
+      echo "umem_chunks = $chunks"
+      echo "socket = \"$state/$x-$y-$z.sock\""
+      for d in px:+x mx:-x py:+y my:-y pz:+z mz:-z; do
+        ifname=${d%%:*}
+        if ip -n "$name" link show "$ifname" >/dev/null 2>&1; then
+          ip -n "$name" link set "$ifname" up
+          printf '\n[[link]]\nifname = "%s"\ndir = "%s"\n' "$ifname" "${d#*:}"
+        fi
+      done
+      printf '\n[control]\nnode_id = %d\norigin = %s\n' "$idx" "$([ $idx = 0 ] && echo true || echo false)"
+      echo "state_file = \"$state/$x-$y-$z.coord\""
+      echo "socket = \"$state/$x-$y-$z-control.sock\""
+      [ -n "$key" ] && echo "key = \"$key\""
+    } > "$f"
+    idx=$((idx + 1))
+  done; done; done
+  pairs=$(ip -all netns exec ip -o link show type veth 2>/dev/null | grep -c '^[0-9]' || true)
+  echo "netns-torus: $n servers in namespaces $prefix-X-Y-Z, $((pairs / 2)) veth pairs, MTU $mtu; node files in $state"
+}
+
+start() {
+  [ -f "$state/dims" ] || { echo "netns-torus.sh: no torus with prefix $prefix (run up first)" >&2; exit 2; }
+  [ -x "$bin/torusd" ] && [ -x "$bin/torusctl" ] || { echo "netns-torus.sh: build first (cargo build --release)" >&2; exit 2; }
+  mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
+  for f in "$state"/*-*-*.toml; do
+    base=${f%.toml}
+    name=$(sed -n 's/^name = "\(.*\)"/\1/p' "$f")
+    ip netns exec "$name" "$bin/torusctl" daemon --config "$f" > "$base-control.log" 2>&1 &
+    echo $! >> "$state/pids"
+    ip netns exec "$name" "$bin/torusd" --config "$f" > "$base-torusd.log" 2>&1 &
+    echo $! >> "$state/pids"
+  done
+  echo "netns-torus: started $(wc -l < "$state/pids") daemons (logs in $state)"
+}
+
+case "$cmd" in
+  up) up ;;
+  start) start ;;
+  stop) stop_daemons ;;
+  down) down ;;
+  list) [ -f "$state/manifest" ] && cat "$state/manifest"; ls "$state" 2>/dev/null || true ;;
+  *) sed -n '2,10p' "$0" >&2; exit 2 ;;
+esac
