@@ -18,6 +18,8 @@ use torusnet_proto::transport::SendError;
 pub const PING: u16 = 1;
 /// Service id of the built-in bench.
 pub const BENCH: u16 = 2;
+/// Service id of the built-in key probe: key-routed short messages, counted where they land.
+pub const KEYS: u16 = 3;
 
 /// A ping-pong run requested by the management socket.
 #[derive(Debug)]
@@ -85,6 +87,8 @@ pub struct Builtins {
     recv: HashMap<Coord, BenchRecv>,
     runs: u32,
     buf: Vec<u8>,
+    /// Key-routed probes delivered here: routing key -> count.
+    keys_seen: HashMap<u64, u64>,
 }
 
 /// How long a ping waits for its echo before counting it lost.
@@ -173,6 +177,36 @@ impl Builtins {
         }
     }
 
+    /// Sends one key-routed probe per routing key (short messages, routed by key at every
+    /// hop); returns how many the engine took.
+    pub fn send_keys(&mut self, now: Time, keys: &[u64], node: &mut Node) -> usize {
+        keys.iter()
+            .filter(|k| {
+                node.send(
+                    now,
+                    Target::Key(**k),
+                    KEYS,
+                    &k.to_be_bytes(),
+                    MsgOptions::default(),
+                )
+                .is_ok()
+            })
+            .count()
+    }
+
+    /// The probes delivered here so far (routing key in hex -> count); cleared if `reset`.
+    pub fn keys_seen(&mut self, reset: bool) -> Value {
+        let m: serde_json::Map<String, Value> = self
+            .keys_seen
+            .iter()
+            .map(|(k, n)| (format!("{k:016x}"), json!(n)))
+            .collect();
+        if reset {
+            self.keys_seen.clear();
+        }
+        Value::Object(m)
+    }
+
     /// Starts a bulk transfer (one at a time).
     pub fn start_bench(&mut self, now: Time, req: BenchRequest) {
         if self.bench.is_some() {
@@ -228,6 +262,12 @@ impl Builtins {
                         p.seq += 1;
                         self.ping_next(now, node);
                     }
+                }
+                None
+            }
+            (KEYS, _) => {
+                if let Event::Message { key: Some(k), .. } = e {
+                    *self.keys_seen.entry(k).or_insert(0) += 1;
                 }
                 None
             }

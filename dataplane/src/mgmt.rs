@@ -256,6 +256,44 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             with_dp(d, |dp| push(dp, Command::SetFault { dir, drop }))?;
             Ok(json!({"ok": true}))
         }
+        "send_keys" => {
+            let keys = req
+                .get("keys")
+                .and_then(Value::as_array)
+                .ok_or("missing \"keys\": [16 hex digits, ...]")?
+                .iter()
+                .map(|k| {
+                    k.as_str()
+                        .and_then(|s| u64::from_str_radix(s, 16).ok())
+                        .ok_or("keys: 16 hex digits each")
+                })
+                .collect::<Result<Vec<u64>, _>>()?;
+            let (tx, rx) = mpsc::channel();
+            with_dp(d, |dp| push(dp, Command::SendKeys(keys, tx)))?;
+            Ok(wait(rx, 10))
+        }
+        "keys_seen" => {
+            let reset = req.get("reset").and_then(Value::as_bool).unwrap_or(false);
+            // Probes land on whichever poller received them: ask every one and add up.
+            let pollers = with_dp(d, |dp| Ok(dp.shared().shards.len()))?;
+            let mut total = serde_json::Map::new();
+            for shard in 0..pollers {
+                let (tx, rx) = mpsc::channel();
+                with_dp(d, |dp| {
+                    dp.shared()
+                        .push_to(shard, Command::KeysSeen(reset, tx))
+                        .map_err(|_| "queue full".to_string())
+                })?;
+                if let Value::Object(m) = wait(rx, 10) {
+                    for (k, v) in m {
+                        let n = total.get(&k).and_then(Value::as_u64).unwrap_or(0)
+                            + v.as_u64().unwrap_or(0);
+                        total.insert(k, json!(n));
+                    }
+                }
+            }
+            Ok(Value::Object(total))
+        }
         "view" => apply_view(req, d),
         "shutdown" => {
             d.stop.store(true, Ordering::Release);

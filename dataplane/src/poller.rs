@@ -296,6 +296,16 @@ impl Poller {
                     self.builtins.start_ping(now, req, &mut self.node);
                     n += 1;
                 }
+                Command::SendKeys(keys, reply) => {
+                    let now = self.now();
+                    let sent = self.builtins.send_keys(now, &keys, &mut self.node);
+                    let _ = reply.send(serde_json::json!({"sent": sent}));
+                    n += 1;
+                }
+                Command::KeysSeen(reset, reply) => {
+                    let _ = reply.send(self.builtins.keys_seen(reset));
+                    n += 1;
+                }
                 Command::Bench(req) => {
                     let now = self.now();
                     self.builtins.start_bench(now, req);

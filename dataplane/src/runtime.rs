@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use parking_lot::Mutex;
 use serde::Serialize;
+use serde_json::Value;
 use torusnet_proto::node::{Event, MsgOptions, Node, Target};
 use torusnet_proto::routing::LinkView;
 use torusnet_proto::topology::{Coord, Dims, Dir};
@@ -59,6 +60,10 @@ pub enum Command {
     Ping(PingRequest),
     /// Run the built-in bulk transfer.
     Bench(BenchRequest),
+    /// Send key-routed probes (built-in key service); the reply says how many went out.
+    SendKeys(Vec<u64>, std::sync::mpsc::Sender<Value>),
+    /// Report (and optionally clear) the key probes delivered here.
+    KeysSeen(bool, std::sync::mpsc::Sender<Value>),
 }
 
 /// A frame one poller passes to another (pollers own disjoint links and connections).
@@ -248,7 +253,7 @@ pub struct Shared {
     pub(crate) services_version: AtomicU64,
     pub(crate) shutdown: AtomicBool,
     /// One per poller.
-    pub(crate) shards: Vec<ShardShared>,
+    pub shards: Vec<ShardShared>,
     /// Which poller owns the link in each direction.
     pub(crate) link_shard: [Option<usize>; 6],
     pub(crate) started: Instant,
@@ -286,6 +291,16 @@ impl Shared {
             _ => 0,
         };
         let sh = &self.shards[shard];
+        sh.commands.push(c)?;
+        sh.wake();
+        Ok(())
+    }
+
+    /// Queues a command for poller `shard` in particular.
+    pub fn push_to(&self, shard: usize, c: Command) -> Result<(), Command> {
+        let Some(sh) = self.shards.get(shard) else {
+            return Err(c);
+        };
         sh.commands.push(c)?;
         sh.wake();
         Ok(())
