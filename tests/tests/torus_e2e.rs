@@ -191,13 +191,13 @@ fn torus_of_27_pairs_keys_and_failover() {
     assert_eq!((delivered, wrong), (270, 0));
     // ... exactly as `torusctl key` says.
     let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/torusctl");
-    for i in 0..5 {
+    for (i, k) in keys.iter().enumerate().take(5) {
         let out = Command::new(&bin)
             .args(["key", "--dims", "3x3x3", &format!("item-{i}")])
             .output()
             .unwrap();
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let root = keyspace::root(t.dims, keys[i], |_| true).unwrap();
+        let root = keyspace::root(t.dims, *k, |_| true).unwrap();
         assert_eq!(v["servers"][0], json!(root.to_array()));
     }
 
