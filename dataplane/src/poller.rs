@@ -800,6 +800,21 @@ impl Poller {
                 .zip(&self.link_idx)
                 .map(|(p, i)| (*i, p.xdp.counters()))
                 .collect(),
+            xsk: self
+                .ports
+                .iter()
+                .zip(&self.link_idx)
+                .map(|(p, i)| {
+                    let st = p.xsk.statistics().unwrap_or_default();
+                    let x = crate::runtime::XskStats {
+                        rx_dropped: st.rx_dropped,
+                        rx_ring_full: st.rx_ring_full,
+                        rx_fill_ring_empty: st.rx_fill_ring_empty_descs,
+                        tx_invalid: st.tx_invalid_descs,
+                    };
+                    (*i, x)
+                })
+                .collect(),
             unreachable,
             view_version: self.view_version,
             umem_free: self.umem.free_chunks(),

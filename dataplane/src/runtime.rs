@@ -178,6 +178,8 @@ pub struct EngineSnapshot {
     pub intercepted: u64,
     /// XDP program counters per link (link index, counters).
     pub xdp: Vec<(usize, XdpCounters)>,
+    /// The kernel's AF_XDP socket statistics per link (link index, counters).
+    pub xsk: Vec<(usize, XskStats)>,
     /// Servers unreachable in this server's view.
     pub unreachable: Vec<[u16; 3]>,
     /// Version of the view in use (counts adopted views).
@@ -190,6 +192,19 @@ pub struct EngineSnapshot {
     pub handoffs: u64,
     /// Pollers running.
     pub pollers: usize,
+}
+
+/// The kernel's drop counters of one AF_XDP socket (XDP_STATISTICS).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct XskStats {
+    /// Dropped for other reasons.
+    pub rx_dropped: u64,
+    /// Dropped: the RX ring was full (the poller fell behind).
+    pub rx_ring_full: u64,
+    /// Times the fill ring was empty (no chunk to receive into).
+    pub rx_fill_ring_empty: u64,
+    /// TX descriptors the kernel refused.
+    pub tx_invalid: u64,
 }
 
 /// Transport counters, serialisable.
@@ -446,6 +461,7 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         total.key_delivered += s.key_delivered;
         total.intercepted += s.intercepted;
         total.xdp.extend(s.xdp);
+        total.xsk.extend(s.xsk);
         total.umem_free += s.umem_free;
         total.inbox_overflow += s.inbox_overflow;
         total.handoffs += s.handoffs;
@@ -483,6 +499,8 @@ pub struct LinkStatus {
     pub counters: LinkCountersSnapshot,
     /// XDP program counters.
     pub xdp: XdpCounters,
+    /// The kernel's AF_XDP socket drop counters.
+    pub xsk: XskStats,
 }
 
 /// The whole status of a running dataplane.
@@ -664,6 +682,12 @@ impl Dataplane {
                 counters: l.counters.snapshot(),
                 xdp: engine
                     .xdp
+                    .iter()
+                    .find(|(k, _)| *k == i)
+                    .map(|x| x.1)
+                    .unwrap_or_default(),
+                xsk: engine
+                    .xsk
                     .iter()
                     .find(|(k, _)| *k == i)
                     .map(|x| x.1)

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The main job's workload on a running namespace torus (scripts/demo.sh sets it up and
+tears it down): convergence, coordinates, RTT over hops, key routing checked against
+`torusctl key`, a striped bulk transfer, and the same under a link cut and a server kill."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+PREFIX = sys.argv[1] if len(sys.argv) > 1 else "tn"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CTL = os.path.join(ROOT, "target/release/torusctl")
+STATE = f"/run/torusnet/{PREFIX}"
+DIMS = (3, 3, 3)
+ALL = [(x, y, z) for z in range(3) for y in range(3) for x in range(3)]
+
+
+def s(c):
+    return ",".join(map(str, c))
+
+
+def ask(c, req, control=False, timeout=600):
+    path = f"{STATE}/{c[0]}-{c[1]}-{c[2]}{'-control' if control else ''}.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as so:
+        so.settimeout(timeout)
+        so.connect(path)
+        so.sendall((json.dumps(req) + "\n").encode())
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = so.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    v = json.loads(buf)
+    if isinstance(v, dict) and "error" in v:
+        raise RuntimeError(f"{s(c)}: {v['error']}")
+    return v
+
+
+def try_ask(c, req, control=False):
+    try:
+        return ask(c, req, control, timeout=5)
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+def torusctl(*args):
+    out = subprocess.run([CTL, *args], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def converge(live, skip=(), limit=60):
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        ok = True
+        for c in ALL:
+            if c in skip:
+                continue
+            v = try_ask(c, {"cmd": "status"}, control=True)
+            if not v or v.get("reachable") != live or v.get("published_version") != v.get("view_version"):
+                ok = False
+                break
+        if ok:
+            return time.time() - t0
+        time.sleep(0.05)
+    raise SystemExit("the control plane did not converge in time")
+
+
+def section(title):
+    print(f"\n== {title}")
+
+
+def main():
+    section("control plane")
+    took = converge(27)
+    print(f"27 control processes converged {took:.2f} s after this check began: every server sees 27 reachable")
+    print("coordinates assigned from the origin and the wiring plan (namespace -> coordinate):")
+    for z in range(3):
+        row = []
+        for y in range(3):
+            for x in range(3):
+                v = ask((x, y, z), {"cmd": "status"}, control=True)
+                row.append(f"{PREFIX}-{x}-{y}-{z} -> {v['coord']}")
+        print("   " + "   ".join(row[:3]))
+        print("   " + "   ".join(row[3:6]))
+        print("   " + "   ".join(row[6:]))
+
+    section("round-trip time over hops (torusd ping, 64 B short messages, adaptive polling, 54 daemons on 2 cores)")
+    print("   3x3x3 has diameter 3: these are all the distances it has")
+    print(f"   {'to':<8} {'hops':>4} {'p50 us':>8} {'p99 us':>8} {'lost':>5}")
+    src = (0, 0, 0)
+    for dst in [(1, 0, 0), (1, 1, 0), (1, 1, 1), (2, 2, 2)]:
+        hops = torusctl("route", "--dims", "3x3x3", "--from", s(src), "--to", s(dst))["distance"]
+        r = ask(src, {"cmd": "ping", "to": s(dst), "count": 500})
+        print(f"   {s(dst):<8} {hops:>4} {r['rtt_us']['p50']:>8.1f} {r['rtt_us']['p99']:>8.1f} {r['lost']:>5}")
+
+    names = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima"]
+    keys = {n: torusctl("key", "--dims", "3x3x3", n) for n in names}
+
+    def probe(senders, dead=()):
+        for c in ALL:
+            if c not in dead:
+                ask(c, {"cmd": "keys_seen", "reset": True})
+        for i, n in enumerate(names):
+            ask(senders[i % len(senders)], {"cmd": "send_keys", "keys": [keys[n]["routing_key"]]})
+        time.sleep(0.5)
+        landed = {}
+        for c in ALL:
+            if c in dead:
+                continue
+            for k in ask(c, {"cmd": "keys_seen"}):
+                landed[k] = c
+        return landed
+
+    section("key-routed messages (short messages routed by key at every hop)")
+    landed = probe([(2, 1, 0), (0, 2, 2), (1, 0, 1)])
+    print(f"   {'key':<9} {'routing key':<17} {'landed on':<10} {'torusctl key says':<18}")
+    bad = 0
+    for n in names:
+        got = landed.get(keys[n]["routing_key"])
+        want = tuple(keys[n]["servers"][0])
+        ok = got == want
+        bad += not ok
+        print(f"   {n:<9} {keys[n]['routing_key']:<17} {s(got) if got else 'LOST':<10} {s(want):<18} {'ok' if ok else 'WRONG'}")
+    print(f"   {len(names) - bad} of {len(names)} on the server the spec names")
+
+    section("reliable bulk transfer 0,0,0 -> 1,1,1 (3 hops, striped over the first hops +x +y +z)")
+    before = {l["dir"]: l["counters"]["tx_frames"] for l in ask(src, {"cmd": "status"})["links"]}
+    r = ask(src, {"cmd": "bench", "to": "1,1,1", "bytes": 200_000_000, "size": 8000, "fence_every": 100})
+    after = {l["dir"]: l["counters"]["tx_frames"] for l in ask(src, {"cmd": "status"})["links"]}
+    rx = r["receiver"]
+    print(f"   {r['bytes'] / 1e6:.0f} MB in {r['elapsed_s']:.2f} s: {r['goodput_gbps']:.2f} Gb/s goodput; "
+          f"{rx['delivered']} of {r['messages']} messages delivered, {rx['duplicated']} duplicated, "
+          f"{rx['corrupted']} corrupted, {rx['fence_violations']} fence violations, checksums "
+          f"{'match' if rx['checksum'] == r['sender_checksum'] else 'DIFFER'}")
+    print("   frames sent per link of 0,0,0: " + ", ".join(f"{d} {after[d] - before.get(d, 0)}" for d in sorted(after)))
+
+    dead = (2, 0, 2)
+    section(f"the same while link 0,0,0:-x is cut and server {s(dead)} (on a shortest path, root of some keys) is killed")
+    rooted = [n for n in names if tuple(keys[n]["servers"][0]) == dead]
+    result = {}
+
+    def run():
+        result["r"] = ask(src, {"cmd": "bench", "to": "2,2,2", "bytes": 150_000_000, "size": 8000, "fence_every": 100})
+
+    th = threading.Thread(target=run)
+    th.start()
+    time.sleep(0.3)
+    subprocess.run(["ip", "-n", f"{PREFIX}-0-0-0", "link", "set", "mx", "down"], check=True)
+    pids = subprocess.run(["ip", "netns", "pids", f"{PREFIX}-{dead[0]}-{dead[1]}-{dead[2]}"],
+                          capture_output=True, text=True).stdout.split()
+    for p in pids:
+        subprocess.run(["kill", "-KILL", p])
+    t_fail = time.time()
+    converge(26, skip=(dead,))
+    print(f"   every live server's view and dataplane follow within {time.time() - t_fail:.2f} s "
+          f"(hellos every 100 ms, down after 3 missed)")
+    th.join()
+    r = result["r"]
+    rx = r["receiver"]
+    print(f"   bulk 0,0,0 -> 2,2,2 across the failures: {rx['delivered']} of {r['messages']} messages, "
+          f"{rx['duplicated']} duplicated, {rx['fence_violations']} fence violations, checksums "
+          f"{'match' if rx['checksum'] == r['sender_checksum'] else 'DIFFER'}, {r['goodput_gbps']:.2f} Gb/s")
+    down_keys = {n: torusctl("key", "--dims", "3x3x3", "--down", s(dead), n) for n in names}
+    landed = probe([(2, 1, 0), (0, 2, 2), (1, 0, 1)], dead=(dead,))
+    bad = 0
+    for n in names:
+        got = landed.get(keys[n]["routing_key"])
+        want = tuple(down_keys[n]["servers"][0])
+        bad += got != want
+    print(f"   keys after the failure: {len(names) - bad} of {len(names)} on the server "
+          f"`torusctl key --down {s(dead)}` names; {len(rooted)} moved off {s(dead)}:")
+    for n in rooted:
+        got = landed.get(keys[n]["routing_key"])
+        print(f"     {n}: {s(dead)} -> {s(got) if got else 'LOST'} (GetServersForKey's next candidate: "
+              f"{s(tuple(down_keys[n]['servers'][0]))})")
+
+    section("counters")
+    print(f"   torusctl status --config {STATE}/0-0-0.toml          (both daemons, table; --json)")
+    print(f"   logs: {STATE}/*-control.log, {STATE}/*-torusd.log")
+    v = ask(src, {"cmd": "status"})
+    t = v["engine"]["transport"]
+    print(f"   0,0,0 now: {t['data_frames']} data frames, {t['retransmitted_frames']} retransmitted, "
+          f"{t['ack_frames']} ACKs, {t['nack_frames']} NACKs, {v['engine']['forwarded']} forwarded")
+
+
+if __name__ == "__main__":
+    main()
