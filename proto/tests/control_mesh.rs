@@ -187,3 +187,28 @@ fn failures_converge_within_k_hellos_plus_flooding() {
     assert!(t_server <= bound, "server death converged in {t_server:?}");
     eprintln!("3x3x3: link cut converged in {t_link:?}, server death in {t_server:?} (hello 100 ms, K = 3)");
 }
+
+#[test]
+fn a_cluster_key_keeps_an_impostor_out() {
+    let dims = Dims::new(3, 1, 1).unwrap();
+    let mut net = Net::torus(dims, Some(0));
+    let key = b"cluster secret".to_vec();
+    for (i, n) in net.nodes.iter_mut().enumerate() {
+        let mut c = ControlConfig::new(100 + i as u64, dims, dims.link_dirs());
+        c.origin = i == 0;
+        // Server 2 does not know the key: an impostor on the cable.
+        c.key = (i != 2).then(|| key.clone());
+        *n = ControlNode::new(c);
+    }
+    let events = net.run(Duration::from_secs(3));
+    let refused = events
+        .iter()
+        .filter(|(i, e)| {
+            *i != 2 && matches!(e, ControlEvent::Refused(why) if why.contains("unauthenticated"))
+        })
+        .count();
+    assert!(refused > 0, "frames without the key are refused");
+    assert_eq!(net.nodes[1].coord(), Some(Coord::new(1, 0, 0)));
+    let (_, v) = net.nodes[0].view().unwrap();
+    assert!(!v.is_up(Coord::new(2, 0, 0)), "and is not in anyone's view");
+}
