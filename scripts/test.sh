@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The project's test command: installs what is missing, then builds and runs every test
-# (unit, property, seeded fuzz, command-line) of the workspace.
+# (unit, property, seeded fuzz, command-line, and, as root, the network-namespace tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
+# The end-to-end tests start the release binaries, so build everything first.
 cargo build --workspace --release --all-targets
-cargo test --workspace --release
+cargo test --workspace --release --exclude torusnet-e2e
+# One namespace torus at a time: dozens of daemons share this machine's cores.
+cargo test --release -p torusnet-e2e -- --test-threads 1
