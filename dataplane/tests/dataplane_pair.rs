@@ -120,11 +120,21 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
 }
 
 #[test]
-fn pair_one_link_mtu1500() {
-    run(1500, false, 0.0, 20_000, 200);
+fn one_link_mtu1500_with_loss() {
+    run(1500, false, 0.02, 20_000, 200);
 }
 
 #[test]
-fn pair_two_links_mtu9000_with_loss() {
+fn two_links_mtu1500_with_loss() {
+    run(1500, true, 0.02, 20_000, 3000);
+}
+
+#[test]
+fn one_link_mtu9000_with_loss() {
+    run(9000, false, 0.02, 3_000, 20_000);
+}
+
+#[test]
+fn two_links_mtu9000_with_loss() {
     run(9000, true, 0.02, 5_000, 20_000);
 }
