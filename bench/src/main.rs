@@ -3,8 +3,12 @@
 
 use clap::{Parser, Subcommand};
 
+mod baseline;
+mod measure;
+mod netbench;
+mod plot;
 mod route;
-mod rtt;
+mod stack;
 mod transport;
 mod transport_cost;
 
@@ -27,8 +31,14 @@ enum Cmd {
     Transport(transport::Args),
     /// Sender + receiver over a lossless in-memory link, for instruction counting.
     TransportCost(transport_cost::Args),
-    /// Ping-pong RTT: kernel UDP, raw AF_XDP and torusd on one veth pair, in one run.
-    Rtt(rtt::Args),
+    /// Ping-pong RTT: kernel UDP (blocking, busy poll), raw AF_XDP and torusnet, one run.
+    Pingpong(netbench::PingArgs),
+    /// One-way throughput: kernel UDP, raw AF_XDP and torusnet on the same link, one run.
+    Oneway(netbench::FlowArgs),
+    /// Two-way throughput (torusnet both ways at once; baselines one way).
+    Twoway(netbench::FlowArgs),
+    /// The standard suite (about 5-10 minutes), results into bench/results/.
+    Suite(netbench::SuiteArgs),
 }
 
 fn main() {
@@ -37,7 +47,10 @@ fn main() {
         Cmd::Route(a) => route::run(&a),
         Cmd::Transport(a) => transport::run(&a),
         Cmd::TransportCost(a) => transport_cost::run(&a),
-        Cmd::Rtt(a) => rtt::run(&a),
+        Cmd::Pingpong(a) => netbench::run_ping(&a),
+        Cmd::Oneway(a) => netbench::run_flow(&a, false),
+        Cmd::Twoway(a) => netbench::run_flow(&a, true),
+        Cmd::Suite(a) => netbench::run_suite(&a),
     };
     if let Err(e) = result {
         eprintln!("torus-bench: {e}");

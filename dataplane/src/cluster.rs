@@ -172,6 +172,11 @@ impl Cluster {
         }
     }
 
+    /// Server `i`'s torusd process id, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.servers[i].child.as_ref().map(|c| c.id())
+    }
+
     /// Kills server `i`'s torusd (SIGKILL: a crash, not a shutdown).
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.servers[i].child.take() {

@@ -225,6 +225,8 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                 .unwrap_or(65536)
                 .clamp(13, 64 << 20) as usize;
             let fence_every = req.get("fence_every").and_then(Value::as_u64).unwrap_or(0);
+            let reliable = req.get("reliable").and_then(Value::as_bool).unwrap_or(true);
+            let verify = req.get("verify").and_then(Value::as_bool).unwrap_or(true);
             let (tx, rx) = mpsc::channel();
             with_dp(d, |dp| {
                 push(
@@ -234,6 +236,8 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                         bytes,
                         size,
                         fence_every,
+                        reliable,
+                        verify,
                         reply: tx,
                     }),
                 )

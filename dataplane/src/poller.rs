@@ -37,6 +37,9 @@ pub struct Port {
     xdp: XdpAttachment,
     /// Descriptors put on the TX ring since the last kick.
     unkicked: u32,
+    /// Buffers of the multi-buffer frame being received on this link (a frame may straddle
+    /// two turns; each link keeps its own).
+    parts: Vec<XdpDesc>,
 }
 
 impl Port {
@@ -55,6 +58,7 @@ impl Port {
             xsk,
             xdp,
             unkicked: 0,
+            parts: Vec::new(),
         }
     }
 }
@@ -83,11 +87,10 @@ pub struct Poller {
     overflow_drops: u64,
     /// Reassembly of multi-buffer frames and building of jumbo frames.
     scratch: Vec<u8>,
-    /// Descriptors of the multi-buffer frame being received.
-    parts: Vec<XdpDesc>,
     view_version: u64,
     last_snapshot: Instant,
     builtins: Builtins,
+    turn_now: Time,
 }
 
 impl Poller {
@@ -128,15 +131,21 @@ impl Poller {
             overflow: VecDeque::new(),
             overflow_drops: 0,
             scratch: vec![0u8; mtu + 14],
-            parts: Vec::new(),
             view_version: 1,
             last_snapshot: Instant::now() - Duration::from_secs(1),
             builtins: Builtins::default(),
+            turn_now: Time::ZERO,
         }
     }
 
+    /// The time of the current loop turn: read once per turn (a clock read per frame cost
+    /// a tenth of the poller's time).
     fn now(&self) -> Time {
-        Time::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+        self.turn_now
+    }
+
+    fn tick(&mut self) {
+        self.turn_now = Time::from_nanos(self.epoch.elapsed().as_nanos() as u64);
     }
 
     fn counters(&self, port: usize) -> &LinkCounters {
@@ -154,6 +163,7 @@ impl Poller {
         }
         let mut idle_turns = 0u32;
         while !self.shared.shutdown.load(Ordering::Acquire) {
+            self.tick();
             let mut work = 0usize;
             work += self.take_commands();
             work += self.take_handoffs();
@@ -343,14 +353,14 @@ impl Poller {
         let mut frames = 0;
         for k in 0..avail {
             let d = self.ports[i].xsk.rx.read(k);
-            if d.options & XDP_PKT_CONTD != 0 || !self.parts.is_empty() {
-                self.parts.push(d);
+            if d.options & XDP_PKT_CONTD != 0 || !self.ports[i].parts.is_empty() {
+                self.ports[i].parts.push(d);
                 if d.options & XDP_PKT_CONTD != 0 {
                     continue;
                 }
             }
             frames += 1;
-            if self.parts.is_empty() {
+            if self.ports[i].parts.is_empty() {
                 self.rx_single(i, dir, d);
             } else {
                 self.rx_multi(i, dir);
@@ -402,7 +412,7 @@ impl Poller {
     }
 
     fn rx_multi(&mut self, i: usize, dir: Dir) {
-        let parts = std::mem::take(&mut self.parts);
+        let parts = std::mem::take(&mut self.ports[i].parts);
         let total: usize = parts.iter().map(|p| p.len as usize).sum();
         let c = &self.shared.links[i].counters;
         add(&c.rx_frames, 1);
@@ -415,8 +425,7 @@ impl Poller {
         if total > self.scratch.len() {
             add(&self.counters(i).drop_malformed, 1);
             release(&mut self.umem, &parts);
-            self.parts = parts;
-            self.parts.clear();
+            self.recycle_parts(i, parts);
             return;
         }
         let mut at = 0;
@@ -433,8 +442,7 @@ impl Poller {
                 let bytes = self.scratch[..total].to_vec();
                 self.hand_off(owner, Handoff::Deliver(bytes));
                 release(&mut self.umem, &parts);
-                self.parts = parts;
-                self.parts.clear();
+                self.recycle_parts(i, parts);
                 return;
             }
             let now = self.now();
@@ -462,8 +470,13 @@ impl Poller {
             }
             self.scratch = scratch;
         }
-        self.parts = parts;
-        self.parts.clear();
+        self.recycle_parts(i, parts);
+    }
+
+    /// Gives the (emptied) parts vector back to port `i`, keeping its allocation.
+    fn recycle_parts(&mut self, i: usize, mut parts: Vec<XdpDesc>) {
+        parts.clear();
+        self.ports[i].parts = parts;
     }
 
     /// Moves a received frame's descriptors to the TX ring of the first next-hop link with
@@ -683,13 +696,14 @@ impl Poller {
             sent += 1;
         }
         for p in &mut self.ports {
-            if p.unkicked > 0 {
-                // Copy mode sends only on a kick; zero-copy only when the ring asks for one.
-                if !p.xsk.info().zero_copy || p.xsk.tx.needs_wakeup() {
-                    let _ = p.xsk.kick_tx();
-                }
-                p.unkicked = 0;
+            // Copy mode sends only during a kick, and at most the TX budget per kick: keep
+            // kicking while descriptors wait, not only when new ones were added (a full ring
+            // with nobody kicking stalls the link). Zero-copy kicks when the ring asks.
+            let waiting = p.unkicked > 0 || p.xsk.tx.outstanding() > 0;
+            if waiting && (!p.xsk.info().zero_copy || p.xsk.tx.needs_wakeup()) {
+                let _ = p.xsk.kick_tx();
             }
+            p.unkicked = 0;
         }
         sent
     }

@@ -58,6 +58,12 @@ pub struct RecvWindow {
     last_nack: Option<Time>,
     /// Smoothed time from a NACK to the retransmission it asked for.
     repair: Option<Duration>,
+    /// Reordering seen on the path: how far behind the newest frame an original (not
+    /// retransmitted) frame arrived. Striping over links that send in bursts reorders by
+    /// tens of frames; NACKing inside that distance would only cause spurious repairs.
+    reorder: u64,
+    /// In-order arrivals since the reordering estimate last decayed.
+    calm: u32,
 }
 
 impl RecvWindow {
@@ -76,6 +82,8 @@ impl RecvWindow {
             nacked_upto: 0,
             last_nack: None,
             repair: None,
+            reorder: 0,
+            calm: 0,
         }
     }
 
@@ -107,6 +115,17 @@ impl RecvWindow {
             return Arrival::OutOfWindow;
         }
         self.set(seq, true);
+        if !retransmit && seq + 1 < self.highest {
+            // An original frame overtaken by later ones: the path reorders this much.
+            self.reorder = self.reorder.max(self.highest - seq).min(u64::from(self.cfg.window / 2));
+            self.calm = 0;
+        } else {
+            self.calm += 1;
+            if self.calm >= 256 && self.reorder > 0 {
+                self.reorder -= 1;
+                self.calm = 0;
+            }
+        }
         if retransmit && seq < self.nacked_upto {
             if let Some(t) = self.last_nack {
                 let sample = now.since(t);
@@ -173,12 +192,13 @@ impl RecvWindow {
     /// The first open gap old enough to report, if a NACK is due now: a gap is reported
     /// once, when `nack_threshold` later frames have arrived, and again after `nack_retry`.
     pub fn nack_due(&self, now: Time) -> bool {
-        if self.highest <= self.cum + u64::from(self.cfg.nack_threshold) {
+        let threshold = self.threshold();
+        if self.highest <= self.cum + threshold {
             return false;
         }
         // Frames count as missing up to `nack_threshold` below the highest arrival, and a
         // NACK can name them only up to 64 past cum (the bitmap's reach).
-        let limit = (self.highest - u64::from(self.cfg.nack_threshold)).min(self.cum + 65);
+        let limit = (self.highest - threshold).min(self.cum + 65);
         let retry = self
             .last_nack
             .is_some_and(|t| now.since(t) >= self.nack_retry());
@@ -188,6 +208,12 @@ impl RecvWindow {
         // A new gap past what was NACKed already?
         let from = self.nacked_upto.max(self.cum);
         (from..limit).any(|s| !self.bit(s))
+    }
+
+    /// How many frames past a gap must arrive before it counts as a loss: the configured
+    /// threshold, or the reordering the path has shown, whichever is larger.
+    pub fn threshold(&self) -> u64 {
+        u64::from(self.cfg.nack_threshold).max(self.reorder + 1)
     }
 
     /// How long to wait before repeating a NACK for gaps still open.
@@ -204,7 +230,7 @@ impl RecvWindow {
         // frames after it. Gaps further out get their own NACK as cum moves up.
         self.nacked_upto = self
             .highest
-            .saturating_sub(u64::from(self.cfg.nack_threshold))
+            .saturating_sub(self.threshold())
             .min(self.cum + 65);
         self.last_nack = Some(now);
         self.on_ack_sent();
@@ -213,7 +239,7 @@ impl RecvWindow {
     /// Whether a gap is old enough to NACK (past the reordering threshold); only then does
     /// the NACK retry timer matter (a tail loss is left to the sender's timeout).
     fn gaps_open(&self) -> bool {
-        self.highest > self.cum + u64::from(self.cfg.nack_threshold)
+        self.highest > self.cum + self.threshold()
     }
 
     /// The earliest time this window needs attention (delayed ACK or NACK retry).

@@ -1,0 +1,501 @@
+//! `torus-bench pingpong | oneway | twoway | suite`: torusnet measured on veth links in
+//! namespaces this tool creates, with kernel UDP and raw AF_XDP measured on the same link
+//! in the same run, each torusnet figure also given as a ratio to them.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use serde_json::{json, Value};
+use torusnet_proto::wire::{HEADERS_LEN, MSG_HEADER_LEN};
+
+use crate::baseline;
+use crate::measure::{Latency, Throughput};
+use crate::plot;
+use crate::stack::{self, Overheads, Setup};
+
+/// Options shared by the single measurements.
+#[derive(clap::Args, Clone)]
+pub struct Common {
+    /// Message size in bytes (64 B .. 1 MiB).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(9..=1 << 20))]
+    size: u64,
+    /// Links between sender and receiver (1 or 2; more are measured in the simulator).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    links: u8,
+    /// Forwarding servers between sender and receiver.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=4))]
+    hops: u8,
+    /// Link MTU: 1500 or 9000.
+    #[arg(long, default_value = "1500", value_parser = ["1500", "9000"])]
+    mtu: String,
+    /// Polling: busy (a core per end) or adaptive.
+    #[arg(long, default_value = "busy", value_parser = ["busy", "adaptive"])]
+    polling: String,
+    /// Turn aggregation off.
+    #[arg(long)]
+    no_aggregation: bool,
+    /// Short (best-effort) messages instead of reliable ones.
+    #[arg(long)]
+    short: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Common {
+    fn setup(&self) -> Setup {
+        Setup {
+            mtu: self.mtu.parse().unwrap_or(1500),
+            links: self.links,
+            hops: self.hops,
+            busy: self.polling == "busy",
+            aggregate: !self.no_aggregation,
+        }
+    }
+}
+
+/// Options of `torus-bench pingpong`.
+#[derive(clap::Args)]
+pub struct PingArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Round trips per method.
+    #[arg(long, default_value_t = 20_000)]
+    count: u32,
+}
+
+/// Options of `torus-bench oneway` / `twoway`.
+#[derive(clap::Args)]
+pub struct FlowArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Seconds each baseline sends for (torusnet moves about as many bytes as fit).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+}
+
+/// Options of `torus-bench suite`.
+#[derive(clap::Args)]
+pub struct SuiteArgs {
+    /// Write the results (JSON and a Markdown summary) into this directory.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Also write SVG charts into this directory.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Print the results as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// A shorter suite (fewer sizes, shorter runs), for a quick look.
+    #[arg(long)]
+    quick: bool,
+}
+
+fn frame_for(size: usize, mtu: u32) -> usize {
+    (HEADERS_LEN + MSG_HEADER_LEN + size).min(mtu as usize + 14)
+}
+
+/// Payload a raw frame of this length would carry for torusnet: the frame minus headers.
+fn payload_of(frame: usize) -> u64 {
+    frame.saturating_sub(HEADERS_LEN + MSG_HEADER_LEN) as u64
+}
+
+fn raw_goodput(t: Throughput, frame: usize) -> Throughput {
+    let bytes = t.frames * payload_of(frame);
+    let span = Duration::from_secs_f64(t.seconds);
+    Throughput::new(t.frames, bytes, t.frames, span, Duration::from_secs_f64(t.cpu_tx_s), Duration::from_secs_f64(t.cpu_rx_s))
+        .with_offered(t.offered)
+}
+
+/// Bytes torusnet should move to run for about `secs` at a guessed rate.
+fn bytes_for(size: u64, secs: f64) -> u64 {
+    let rate = match size {
+        0..=256 => 40e6,
+        257..=4096 => 250e6,
+        _ => 400e6,
+    };
+    ((rate * secs) as u64).max(size * 100)
+}
+
+#[derive(Debug, Serialize)]
+struct PingReport {
+    setup: Setup,
+    size: u64,
+    udp_blocking: Latency,
+    udp_busy_poll: Latency,
+    raw_afxdp: Latency,
+    torusnet: Latency,
+    torusnet_p50_over_raw: f64,
+    torusnet_p50_over_udp_busy: f64,
+}
+
+fn pingpong(tag: &str, c: &Common, count: u32) -> Result<PingReport, String> {
+    let s = c.setup();
+    let mut r = stack::build(tag, &s)?;
+    let size = c.size as usize;
+    let udp_size = size.min(s.mtu as usize - 28);
+    let udp_blocking = baseline::udp_rtt(&r.pair, count, udp_size, false)?;
+    let udp_busy_poll = baseline::udp_rtt(&r.pair, count, udp_size, true)?;
+    let raw_afxdp = baseline::afxdp_rtt(&r.pair, count, frame_for(size, s.mtu))?;
+    stack::start(&mut r, &s);
+    let torusnet = stack::ping(&r, count, size.min(s.mtu as usize - 70), !c.short)?;
+    Ok(PingReport {
+        setup: s,
+        size: c.size,
+        torusnet_p50_over_raw: torusnet.p50 / raw_afxdp.p50.max(1e-9),
+        torusnet_p50_over_udp_busy: torusnet.p50 / udp_busy_poll.p50.max(1e-9),
+        udp_blocking,
+        udp_busy_poll,
+        raw_afxdp,
+        torusnet,
+    })
+}
+
+#[derive(Debug, Serialize)]
+struct FlowReport {
+    setup: Setup,
+    size: u64,
+    reliable: bool,
+    two_way: bool,
+    udp_blocking: Option<Throughput>,
+    udp_busy_poll: Option<Throughput>,
+    raw_afxdp: Throughput,
+    torusnet: Throughput,
+    overheads: Overheads,
+    messages_per_s_over_udp: Option<f64>,
+    goodput_over_raw: f64,
+    messages_per_s_over_raw: f64,
+}
+
+fn flow(tag: &str, c: &Common, secs: f64, two_way: bool) -> Result<FlowReport, String> {
+    let s = c.setup();
+    let mut r = stack::build(tag, &s)?;
+    let size = c.size as usize;
+    let d = Duration::from_secs_f64(secs);
+    // UDP carries the message in one datagram when it fits the MTU.
+    let (udp_blocking, udp_busy_poll) = if size + 28 <= s.mtu as usize {
+        (
+            Some(baseline::udp_throughput(&r.pair, size, d, false)?),
+            Some(baseline::udp_throughput(&r.pair, size, d, true)?),
+        )
+    } else {
+        (None, None)
+    };
+    let frame = frame_for(size, s.mtu);
+    let raw = raw_goodput(baseline::afxdp_throughput(&r.pair, frame, d)?, frame);
+    stack::start(&mut r, &s);
+    let (torusnet, overheads) = stack::transfer(&r, bytes_for(c.size, secs), size, !c.short, two_way)?;
+    Ok(FlowReport {
+        setup: s,
+        size: c.size,
+        reliable: !c.short,
+        two_way,
+        messages_per_s_over_udp: udp_blocking.as_ref().map(|u| torusnet.messages_per_s / u.messages_per_s.max(1e-9)),
+        goodput_over_raw: torusnet.goodput_gbps / raw.goodput_gbps.max(1e-9),
+        messages_per_s_over_raw: torusnet.messages_per_s / raw.messages_per_s.max(1e-9),
+        udp_blocking,
+        udp_busy_poll,
+        raw_afxdp: raw,
+        torusnet,
+        overheads,
+    })
+}
+
+fn print_ping(p: &PingReport) {
+    println!(
+        "ping-pong RTT, {} B, MTU {}, {} link(s), {} hop(s), {} polling (us)",
+        p.size,
+        p.setup.mtu,
+        p.setup.links,
+        p.setup.hops,
+        if p.setup.busy { "busy" } else { "adaptive" }
+    );
+    println!("  {:<22} {:>8} {:>8} {:>8} {:>8} {:>9}", "method", "p50", "p90", "p99", "p99.9", "max");
+    for (n, l) in [
+        ("kernel UDP, blocking", &p.udp_blocking),
+        ("kernel UDP, busy poll", &p.udp_busy_poll),
+        ("raw AF_XDP", &p.raw_afxdp),
+        ("torusnet", &p.torusnet),
+    ] {
+        println!("  {:<22} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1}", n, l.p50, l.p90, l.p99, l.p999, l.max);
+    }
+    println!(
+        "  torusnet p50 = {:.2}x raw AF_XDP, {:.2}x UDP busy poll",
+        p.torusnet_p50_over_raw, p.torusnet_p50_over_udp_busy
+    );
+}
+
+fn print_flow(f: &FlowReport) {
+    println!(
+        "{} throughput, {} B {} messages, MTU {}, {} link(s), {} hop(s), {} polling, aggregation {}",
+        if f.two_way { "two-way" } else { "one-way" },
+        f.size,
+        if f.reliable { "reliable" } else { "short" },
+        f.setup.mtu,
+        f.setup.links,
+        f.setup.hops,
+        if f.setup.busy { "busy" } else { "adaptive" },
+        if f.setup.aggregate { "on" } else { "off" }
+    );
+    println!(
+        "  {:<22} {:>12} {:>9} {:>11} {:>10}",
+        "method", "messages/s", "Gb/s", "frames/s", "CPU ns/msg"
+    );
+    let row = |n: &str, t: &Throughput| {
+        println!(
+            "  {:<22} {:>12.0} {:>9.2} {:>11.0} {:>10.0}",
+            n, t.messages_per_s, t.goodput_gbps, t.frames_per_s, t.cpu_ns_per_message
+        )
+    };
+    if let Some(u) = &f.udp_blocking {
+        row("kernel UDP, blocking", u);
+    }
+    if let Some(u) = &f.udp_busy_poll {
+        row("kernel UDP, busy poll", u);
+    }
+    row("raw AF_XDP", &f.raw_afxdp);
+    row("torusnet", &f.torusnet);
+    let o = &f.overheads;
+    println!(
+        "  torusnet: {:.2}x raw AF_XDP goodput, {:.1} messages/frame, extra frames {:.2}% (retransmitted {:.2}%), out of order {:.2}%",
+        f.goodput_over_raw, o.messages_per_frame, o.extra_frames_pct, o.retransmitted_pct, o.out_of_order_pct
+    );
+    if let Some(x) = f.messages_per_s_over_udp {
+        println!("  torusnet messages/s = {x:.2}x kernel UDP (blocking) datagrams/s");
+    }
+}
+
+static TAGS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn tag() -> String {
+    format!("tb{}", TAGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+/// `torus-bench pingpong`.
+pub fn run_ping(a: &PingArgs) -> Result<(), String> {
+    let p = pingpong(&tag(), &a.common, a.count)?;
+    if a.common.json {
+        println!("{}", serde_json::to_string(&p).map_err(|e| e.to_string())?);
+    } else {
+        print_ping(&p);
+    }
+    Ok(())
+}
+
+/// `torus-bench oneway` / `twoway`.
+pub fn run_flow(a: &FlowArgs, two_way: bool) -> Result<(), String> {
+    let f = flow(&tag(), &a.common, a.seconds, two_way)?;
+    if a.common.json {
+        println!("{}", serde_json::to_string(&f).map_err(|e| e.to_string())?);
+    } else {
+        print_flow(&f);
+    }
+    Ok(())
+}
+
+fn common(size: u64, mtu: u32, links: u8, hops: u8, busy: bool, aggregate: bool, short: bool) -> Common {
+    Common {
+        size,
+        links,
+        hops,
+        mtu: mtu.to_string(),
+        polling: if busy { "busy" } else { "adaptive" }.into(),
+        no_aggregation: !aggregate,
+        short,
+        json: false,
+    }
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string()))
+        .unwrap_or_default();
+    let kernel = std::process::Command::new("uname").arg("-r").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let perf = std::process::Command::new("perf")
+        .args(["stat", "-e", "instructions", "true"])
+        .output()
+        .map(|o| !String::from_utf8_lossy(&o.stderr).contains("not supported"))
+        .unwrap_or(false);
+    json!({
+        "cpu": cpu,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "memory_kib": mem,
+        "kernel": kernel,
+        "links": "veth pairs between network namespaces (AF_XDP copy mode; XDP native)",
+        "perf_counters": perf,
+    })
+}
+
+/// `torus-bench suite`: the standard set, about 5-10 minutes here.
+pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
+    let secs = if a.quick { 1.0 } else { 2.0 };
+    let count = if a.quick { 5000 } else { 20_000 };
+    let sizes: &[u64] = if a.quick { &[64, 8192, 65536] } else { &[64, 1024, 8192, 65536, 1 << 20] };
+    let mut steps: Vec<(String, Box<dyn Fn(&str) -> Result<Value, String>>)> = Vec::new();
+    steps.push(("RTT, 64 B short messages".into(), Box::new(move |t| pingpong(t, &common(64, 1500, 1, 0, true, true, true), count).map(|p| json!(p)))));
+    steps.push(("RTT, 64 B reliable messages".into(), Box::new(move |t| pingpong(t, &common(64, 1500, 1, 0, true, true, false), count).map(|p| json!(p)))));
+    steps.push(("64 B reliable, aggregation on".into(), Box::new(move |t| flow(t, &common(64, 1500, 1, 0, true, true, false), secs, false).map(|p| json!(p)))));
+    steps.push(("64 B reliable, aggregation off".into(), Box::new(move |t| flow(t, &common(64, 1500, 1, 0, true, false, false), secs, false).map(|p| json!(p)))));
+    steps.push(("64 B short, aggregation on".into(), Box::new(move |t| flow(t, &common(64, 1500, 1, 0, true, true, true), secs, false).map(|p| json!(p)))));
+    steps.push(("1500 B reliable, MTU 1500".into(), Box::new(move |t| flow(t, &common(1400, 1500, 1, 0, true, true, false), secs, false).map(|p| json!(p)))));
+    steps.push(("9000 B reliable, MTU 9000".into(), Box::new(move |t| flow(t, &common(8900, 9000, 1, 0, true, true, false), secs, false).map(|p| json!(p)))));
+    for &sz in sizes {
+        steps.push((format!("size sweep {sz} B, MTU 9000"), Box::new(move |t| flow(t, &common(sz, 9000, 1, 0, true, true, false), secs, false).map(|p| json!(p)))));
+    }
+    for links in [1u8, 2] {
+        steps.push((format!("{links} link(s), 64 KiB, MTU 9000"), Box::new(move |t| flow(t, &common(65536, 9000, links, 0, true, true, false), secs, false).map(|p| json!(p)))));
+    }
+    for hops in [0u8, 1, 2] {
+        steps.push((format!("{hops} forwarding hop(s), 64 KiB, MTU 9000, adaptive"), Box::new(move |t| flow(t, &common(65536, 9000, 1, hops, false, true, false), secs, false).map(|p| json!(p)))));
+    }
+    steps.push(("RTT over 2 forwarding hops, adaptive".into(), Box::new(move |t| pingpong(t, &common(64, 1500, 1, 2, false, true, true), count / 4).map(|p| json!(p)))));
+    steps.push(("two-way, 64 KiB, MTU 9000".into(), Box::new(move |t| flow(t, &common(65536, 9000, 1, 0, true, true, false), secs, true).map(|p| json!(p)))));
+
+    let bar = ProgressBar::new(steps.len() as u64);
+    if std::io::stderr().is_terminal() {
+        bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let started = std::time::Instant::now();
+    let mut results = serde_json::Map::new();
+    for (name, f) in &steps {
+        bar.set_message(name.clone());
+        let v = f(&tag()).unwrap_or_else(|e| json!({"error": e}));
+        if !std::io::stderr().is_terminal() {
+            eprintln!("torus-bench suite: {name} done ({:.0} s)", started.elapsed().as_secs_f64());
+        }
+        results.insert(name.clone(), v);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let report = json!({
+        "machine": machine(),
+        "date": std::process::Command::new("date").arg("-u").arg("+%Y-%m-%dT%H:%M:%SZ").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default(),
+        "seconds": started.elapsed().as_secs_f64(),
+        "results": results,
+    });
+    std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let summary = summarize(&report);
+    std::fs::write(a.out.join("suite.json"), serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    std::fs::write(a.out.join("suite.md"), &summary).map_err(|e| e.to_string())?;
+    if let Some(dir) = &a.plot {
+        plot::suite_charts(&report, dir)?;
+    }
+    if a.json {
+        println!("{report}");
+    } else {
+        print!("{summary}");
+        println!("(written to {}/suite.json and suite.md)", a.out.display());
+    }
+    Ok(())
+}
+
+fn f(v: &Value, path: &[&str]) -> f64 {
+    let mut c = v;
+    for p in path {
+        c = &c[*p];
+    }
+    c.as_f64().unwrap_or(f64::NAN)
+}
+
+/// The suite's results as a Markdown summary: the headline ratios first.
+pub fn summarize(report: &Value) -> String {
+    let r = &report["results"];
+    let m = &report["machine"];
+    let mut s = String::new();
+    s += "# torus-bench suite\n\n";
+    s += &format!(
+        "Machine: {} ({} cores, {} KiB), Linux {}, {}; perf counters: {}. Date {}; the suite took {:.0} s.\n\n",
+        m["cpu"].as_str().unwrap_or("?"),
+        m["cores"],
+        m["memory_kib"].as_str().unwrap_or("?"),
+        m["kernel"].as_str().unwrap_or("?"),
+        m["links"].as_str().unwrap_or(""),
+        if m["perf_counters"].as_bool() == Some(true) { "yes" } else { "not supported (CPU time from /proc instead)" },
+        report["date"].as_str().unwrap_or("?"),
+        f(report, &["seconds"])
+    );
+    s += "Every row was measured in this run; ratios compare with baselines measured on the same link in the same run. Sender pinned to core 0, receiver to core 1, busy polling unless marked adaptive.\n\n## Headlines\n\n";
+    let agg = &r["64 B reliable, aggregation on"];
+    s += &format!(
+        "- 64-byte reliable messages with aggregation: **{:.2} M messages/s = {:.2}x** kernel UDP's 64-byte datagrams/s (blocking receive: {:.2} M/s; busy-poll receive: {:.2} M/s).\n",
+        f(agg, &["torusnet", "messages_per_s"]) / 1e6,
+        f(agg, &["messages_per_s_over_udp"]),
+        f(agg, &["udp_blocking", "messages_per_s"]) / 1e6,
+        f(agg, &["udp_busy_poll", "messages_per_s"]) / 1e6,
+    );
+    let j = &r["9000 B reliable, MTU 9000"];
+    s += &format!(
+        "- Reliable 9000-byte messages (MTU 9000): **{:.2} Gb/s = {:.2}x raw AF_XDP's {:.2} Gb/s** (same frames, no protocol).\n",
+        f(j, &["torusnet", "goodput_gbps"]),
+        f(j, &["goodput_over_raw"]),
+        f(j, &["raw_afxdp", "goodput_gbps"]),
+    );
+    let p = &r["RTT, 64 B short messages"];
+    let pr = &r["RTT, 64 B reliable messages"];
+    s += &format!(
+        "- Ping-pong RTT, 64 B: torusnet short **p50 {:.1} us / p99 {:.1} us**, reliable p50 {:.1} / p99 {:.1}; raw AF_XDP p50 {:.1} / p99 {:.1}; UDP busy poll p50 {:.1} / p99 {:.1}; UDP blocking p50 {:.1} / p99 {:.1}.\n",
+        f(p, &["torusnet", "p50"]), f(p, &["torusnet", "p99"]),
+        f(pr, &["torusnet", "p50"]), f(pr, &["torusnet", "p99"]),
+        f(p, &["raw_afxdp", "p50"]), f(p, &["raw_afxdp", "p99"]),
+        f(p, &["udp_busy_poll", "p50"]), f(p, &["udp_busy_poll", "p99"]),
+        f(p, &["udp_blocking", "p50"]), f(p, &["udp_blocking", "p99"]),
+    );
+    let (l1, l2) = (&r["1 link(s), 64 KiB, MTU 9000"], &r["2 link(s), 64 KiB, MTU 9000"]);
+    s += &format!(
+        "- 1 vs 2 links (64 KiB reliable, MTU 9000): {:.2} vs {:.2} Gb/s (raw AF_XDP on one link: {:.2}).\n",
+        f(l1, &["torusnet", "goodput_gbps"]),
+        f(l2, &["torusnet", "goodput_gbps"]),
+        f(l1, &["raw_afxdp", "goodput_gbps"]),
+    );
+    let h: Vec<String> = (0..3)
+        .map(|h| format!("{:.2}", f(&r[&format!("{h} forwarding hop(s), 64 KiB, MTU 9000, adaptive")], &["torusnet", "goodput_gbps"])))
+        .collect();
+    s += &format!("- 0 vs 1 vs 2 forwarding hops (64 KiB reliable, MTU 9000, adaptive polling): {} Gb/s.\n\n", h.join(" vs "));
+    s += "## Throughput runs\n\n| run | torusnet msg/s | Gb/s | frames/s | CPU ns/msg | vs raw AF_XDP | vs UDP | msgs/frame | extra frames | out of order |\n|---|---|---|---|---|---|---|---|---|---|\n";
+    for (name, v) in r.as_object().into_iter().flatten() {
+        if v.get("torusnet").is_none() || v["torusnet"].get("goodput_gbps").is_none() {
+            continue;
+        }
+        s += &format!(
+            "| {name} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2}x | {} | {:.1} | {:.2}% | {:.2}% |\n",
+            f(v, &["torusnet", "messages_per_s"]),
+            f(v, &["torusnet", "goodput_gbps"]),
+            f(v, &["torusnet", "frames_per_s"]),
+            f(v, &["torusnet", "cpu_ns_per_message"]),
+            f(v, &["goodput_over_raw"]),
+            v["messages_per_s_over_udp"].as_f64().map_or("-".to_string(), |x| format!("{x:.2}x")),
+            f(v, &["overheads", "messages_per_frame"]),
+            f(v, &["overheads", "extra_frames_pct"]),
+            f(v, &["overheads", "out_of_order_pct"]),
+        );
+    }
+    s += "\n## Latency runs (us)\n\n| run | method | p50 | p90 | p99 | p99.9 | max |\n|---|---|---|---|---|---|---|\n";
+    for (name, v) in r.as_object().into_iter().flatten() {
+        if v.get("torusnet").is_none() || v["torusnet"].get("p50").is_none() {
+            continue;
+        }
+        for m in ["udp_blocking", "udp_busy_poll", "raw_afxdp", "torusnet"] {
+            s += &format!(
+                "| {name} | {m} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                f(v, &[m, "p50"]), f(v, &[m, "p90"]), f(v, &[m, "p99"]), f(v, &[m, "p999"]), f(v, &[m, "max"])
+            );
+        }
+    }
+    let errors: Vec<String> = r.as_object().into_iter().flatten().filter_map(|(k, v)| v.get("error").map(|e| format!("- {k}: {e}\n"))).collect();
+    if !errors.is_empty() {
+        s += "\n## Runs that failed\n\n";
+        s += &errors.concat();
+    }
+    s
+}

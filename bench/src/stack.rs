@@ -1,0 +1,225 @@
+//! torusnet itself under measurement: real `torusd` processes in namespaces (a pair with one
+//! or two links, or a line with forwarding servers), driven through their management sockets
+//! and their built-in ping and bench services, with CPU time read from /proc and protocol
+//! overheads from the status counters.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use torusnet_dataplane::cluster::Cluster;
+use torusnet_proto::topology::{Coord, Dims, Dir};
+
+use crate::baseline::Pair;
+use crate::measure::{process_cpu, Latency, Throughput};
+
+/// How the stack is set up.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Setup {
+    /// Link MTU.
+    pub mtu: u32,
+    /// Links between sender and receiver (1 or 2, with no forwarding hop).
+    pub links: u8,
+    /// Forwarding servers between sender and receiver (0..=4).
+    pub hops: u8,
+    /// Busy polling (one core per end) or adaptive.
+    pub busy: bool,
+    /// Aggregation of small messages.
+    pub aggregate: bool,
+}
+
+/// A running setup: the cluster, which server sends and which receives.
+pub struct Running {
+    /// The servers.
+    pub cluster: Cluster,
+    /// Sender index.
+    pub tx: usize,
+    /// Receiver index.
+    pub rx: usize,
+    /// The receiver's coordinate.
+    pub to: Coord,
+    /// Addresses for the kernel baselines on the first link.
+    pub pair: Pair,
+}
+
+/// Builds the namespaces and links of `s` (torusd not started yet).
+pub fn build(tag: &str, s: &Setup) -> Result<Running, String> {
+    let hops = s.hops.min(4);
+    let (cluster, to) = if hops == 0 {
+        let dims = Dims::new(2, 1, 1).map_err(|e| e.to_string())?;
+        let mut c = Cluster::new(tag, dims, &[Coord::new(0, 0, 0), Coord::new(1, 0, 0)], s.mtu);
+        c.link(0, Dir::PlusX, 1);
+        if s.links >= 2 {
+            c.link(0, Dir::MinusX, 1);
+        }
+        (c, Coord::new(1, 0, 0))
+    } else {
+        // A line of hops + 2 servers along x (a ring with its closing link left out).
+        let n = u16::from(hops) + 2;
+        let dims = Dims::new(n, 1, 1).map_err(|e| e.to_string())?;
+        let coords: Vec<Coord> = (0..n).map(|x| Coord::new(x, 0, 0)).collect();
+        let mut c = Cluster::new(tag, dims, &coords, s.mtu);
+        for i in 0..usize::from(n) - 1 {
+            c.link(i, Dir::PlusX, i + 1);
+        }
+        (c, Coord::new(n - 1, 0, 0))
+    };
+    let rx = usize::from(to.x);
+    // Kernel baselines use the sender's first link and the receiver's side of the first hop.
+    let ns_a = cluster.servers[0].ns.name().to_string();
+    let ns_b = cluster.servers[1].ns.name().to_string();
+    cluster.servers[0].ns.ip(&["addr", "add", "10.77.0.1/24", "dev", "t0px"]).map_err(|e| e.to_string())?;
+    cluster.servers[1].ns.ip(&["addr", "add", "10.77.0.2/24", "dev", "t1mx"]).map_err(|e| e.to_string())?;
+    let pair = Pair {
+        ns_a,
+        ns_b,
+        if_a: "t0px".into(),
+        if_b: "t1mx".into(),
+        mtu: s.mtu,
+    };
+    Ok(Running { cluster, tx: 0, rx, to, pair })
+}
+
+/// Starts torusd everywhere for `s`: the ends pinned to cores 0 and 1 when busy polling;
+/// forwarding servers always adaptive (two cores hold only two busy pollers).
+pub fn start(r: &mut Running, s: &Setup) {
+    let n = r.cluster.servers.len();
+    let line = s.hops > 0;
+    let (tx, rx) = (r.tx, r.rx);
+    let closing = format!("{},0,0:+x", n - 1);
+    r.cluster.start_with(|i| {
+        let mut t = String::new();
+        if s.busy && (i == tx || i == rx) {
+            t += &format!("polling = \"busy\"\ncores = [{}]\n", if i == tx { 0 } else { 1 });
+        } else {
+            t += "polling = \"adaptive\"\n";
+        }
+        if !s.aggregate {
+            t += "[transport]\naggregate = false\n";
+        }
+        if line {
+            t += &format!("[view]\ndown_links = [\"{closing}\"]\n");
+        }
+        t
+    });
+}
+
+/// Ping-pong through torusd's built-in ping service.
+pub fn ping(r: &Running, count: u32, size: usize, reliable: bool) -> Result<Latency, String> {
+    let req = |count: u32| json!({"cmd": "ping", "to": r.to.to_string(), "count": count, "size": size, "reliable": reliable});
+    r.cluster.ctl(r.tx, &req(500))?;
+    let v = r.cluster.ctl(r.tx, &req(count))?;
+    let g = |k: &str| v["rtt_us"][k].as_f64().unwrap_or(0.0);
+    Ok(Latency {
+        samples: v["received"].as_u64().unwrap_or(0),
+        p50: g("p50"),
+        p90: g("p90"),
+        p99: g("p99"),
+        p999: g("p999"),
+        max: g("max"),
+        cdf: v["cdf_us"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default(),
+    })
+}
+
+/// Protocol overheads over a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Overheads {
+    /// (ACK + NACK + retransmitted) frames as a percentage of data frames.
+    pub extra_frames_pct: f64,
+    /// Retransmitted frames as a percentage of data frames.
+    pub retransmitted_pct: f64,
+    /// Frames that arrived out of order at the receiver, in percent.
+    pub out_of_order_pct: f64,
+    /// Messages per data frame.
+    pub messages_per_frame: f64,
+}
+
+fn counters(r: &Running, i: usize) -> Result<Value, String> {
+    r.cluster.ctl(i, &json!({"cmd": "status"}))
+}
+
+fn n(v: &Value, path: &[&str]) -> f64 {
+    let mut c = v;
+    for p in path {
+        c = &c[*p];
+    }
+    c.as_f64().unwrap_or(0.0)
+}
+
+/// One-way transfer of `bytes` in `size`-byte messages (reliable or short), both ways at
+/// once when `two_way`.
+pub fn transfer(r: &Running, bytes: u64, size: usize, reliable: bool, two_way: bool) -> Result<(Throughput, Overheads), String> {
+    let (tx, rx) = (r.tx, r.rx);
+    let from = r.cluster.servers[tx].coord;
+    let (a0, b0) = (counters(r, tx)?, counters(r, rx)?);
+    let pids = (r.cluster.pid(tx).unwrap_or(0), r.cluster.pid(rx).unwrap_or(0));
+    let (c0a, c0b) = (process_cpu(pids.0), process_cpu(pids.1));
+    // Throughput runs do not verify payloads (the e2e tests do): checking every byte would
+    // cost more than the stack being measured, and the raw AF_XDP baseline touches none.
+    let req = |to: Coord| json!({"cmd": "bench", "to": to.to_string(), "bytes": bytes, "size": size, "reliable": reliable, "fence_every": 0, "verify": false});
+    let back = if two_way {
+        let sock = r.cluster.servers[rx].socket.clone();
+        let q = req(from);
+        Some(std::thread::spawn(move || -> Result<Value, String> {
+            use std::io::{BufRead, BufReader, Write};
+            let mut s = std::os::unix::net::UnixStream::connect(sock).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(600))).map_err(|e| e.to_string())?;
+            writeln!(s, "{q}").map_err(|e| e.to_string())?;
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line).map_err(|e| e.to_string())?;
+            serde_json::from_str(&line).map_err(|e| e.to_string())
+        }))
+    } else {
+        None
+    };
+    let v = r.cluster.ctl(tx, &req(r.to))?;
+    let w = match back {
+        Some(h) => Some(h.join().map_err(|_| "reverse transfer panicked")??),
+        None => None,
+    };
+    let (c1a, c1b) = (process_cpu(pids.0), process_cpu(pids.1));
+    let (a1, b1) = (counters(r, tx)?, counters(r, rx)?);
+    let check = |v: &Value| -> Result<(), String> {
+        let rx = &v["receiver"];
+        if reliable && rx["delivered"] != v["messages"] {
+            return Err(format!("reliable transfer not exact: {v}"));
+        }
+        Ok(())
+    };
+    check(&v)?;
+    let secs = n(&v, &["elapsed_s"]);
+    let mut msgs = if reliable { n(&v, &["messages"]) } else { n(&v, &["receiver", "short_received"]) };
+    let mut payload = n(&v, &["receiver", "bytes"]);
+    if let Some(w) = &w {
+        check(w)?;
+        msgs += if reliable { n(w, &["messages"]) } else { n(w, &["receiver", "short_received"]) };
+        payload += n(w, &["receiver", "bytes"]);
+    }
+    let d = |a: &Value, b: &Value, k: &str| n(b, &["engine", "transport", k]) - n(a, &["engine", "transport", k]);
+    let mut data = d(&a0, &a1, "data_frames") + d(&a0, &a1, "short_frames");
+    let mut extra = d(&a0, &a1, "retransmitted_frames") + d(&b0, &b1, "ack_frames") + d(&b0, &b1, "nack_frames");
+    let mut retx = d(&a0, &a1, "retransmitted_frames");
+    if two_way {
+        data += d(&b0, &b1, "data_frames") + d(&b0, &b1, "short_frames");
+        extra += d(&b0, &b1, "retransmitted_frames") + d(&a0, &a1, "ack_frames") + d(&a0, &a1, "nack_frames");
+        retx += d(&b0, &b1, "retransmitted_frames");
+    }
+    let rx_frames: f64 = b1["links"].as_array().map(|l| l.iter().map(|x| n(x, &["counters", "rx_frames"])).sum()).unwrap_or(0.0)
+        - b0["links"].as_array().map(|l| l.iter().map(|x| n(x, &["counters", "rx_frames"])).sum()).unwrap_or(0.0);
+    let ooo = d(&b0, &b1, "out_of_order_frames");
+    let t = Throughput::new(
+        msgs as u64,
+        payload as u64,
+        data as u64,
+        Duration::from_secs_f64(secs),
+        c1a - c0a,
+        c1b - c0b,
+    );
+    let o = Overheads {
+        extra_frames_pct: 100.0 * extra / data.max(1.0),
+        retransmitted_pct: 100.0 * retx / data.max(1.0),
+        out_of_order_pct: 100.0 * ooo / rx_frames.max(1.0),
+        messages_per_frame: msgs / data.max(1.0),
+    };
+    Ok((t, o))
+}
