@@ -325,7 +325,19 @@ fn control_process_restart_does_not_disturb_traffic() {
     assert_eq!(rx["duplicated"], 0);
     assert_eq!(rx["fence_violations"], 0);
     assert_eq!(rx["checksum"], r["sender_checksum"]);
-    let v = t.control("1,1,0").unwrap();
+    // The restarted process answers once it is up (it may still be starting).
+    let t0 = Instant::now();
+    let v = loop {
+        if let Some(v) = t.control("1,1,0").filter(|v| v.get("coord").is_some()) {
+            break v;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "restarted control process: {}",
+            std::fs::read_to_string("/run/torusnet/tcr/1-1-0-control2.log").unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(
         v["coord"], "1,1,0",
         "the restarted process kept its coordinate"
