@@ -41,7 +41,12 @@ pub fn udp_rtt(p: &Pair, count: u32, size: usize, busy: bool) -> Result<Latency,
         pin(1);
         let s = UdpSocket::bind("10.77.0.2:7777").map_err(|e| e.to_string())?;
         s.set_nonblocking(busy).map_err(|e| e.to_string())?;
-        s.set_read_timeout(if busy { None } else { Some(Duration::from_secs(5)) }).map_err(|e| e.to_string())?;
+        s.set_read_timeout(if busy {
+            None
+        } else {
+            Some(Duration::from_secs(5))
+        })
+        .map_err(|e| e.to_string())?;
         let mut buf = vec![0u8; 65536];
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut served = 0;
@@ -63,7 +68,12 @@ pub fn udp_rtt(p: &Pair, count: u32, size: usize, busy: bool) -> Result<Latency,
         let s = UdpSocket::bind("10.77.0.1:0").map_err(|e| e.to_string())?;
         s.connect("10.77.0.2:7777").map_err(|e| e.to_string())?;
         s.set_nonblocking(busy).map_err(|e| e.to_string())?;
-        s.set_read_timeout(if busy { None } else { Some(Duration::from_secs(2)) }).map_err(|e| e.to_string())?;
+        s.set_read_timeout(if busy {
+            None
+        } else {
+            Some(Duration::from_secs(2))
+        })
+        .map_err(|e| e.to_string())?;
         let msg = vec![7u8; size];
         let mut buf = vec![0u8; 65536];
         let mut out = Vec::with_capacity(count as usize);
@@ -89,7 +99,12 @@ pub fn udp_rtt(p: &Pair, count: u32, size: usize, busy: bool) -> Result<Latency,
 }
 
 /// UDP one-way: the sender sends `size`-byte datagrams for `duration`; the receiver counts.
-pub fn udp_throughput(p: &Pair, size: usize, duration: Duration, busy: bool) -> Result<Throughput, String> {
+pub fn udp_throughput(
+    p: &Pair,
+    size: usize,
+    duration: Duration,
+    busy: bool,
+) -> Result<Throughput, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let (nb, na) = (p.ns_b.clone(), p.ns_a.clone());
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -99,7 +114,12 @@ pub fn udp_throughput(p: &Pair, size: usize, duration: Duration, busy: bool) -> 
         pin(1);
         let s = UdpSocket::bind("10.77.0.2:7778").map_err(|e| e.to_string())?;
         s.set_nonblocking(busy).map_err(|e| e.to_string())?;
-        s.set_read_timeout(if busy { None } else { Some(Duration::from_millis(100)) }).map_err(|e| e.to_string())?;
+        s.set_read_timeout(if busy {
+            None
+        } else {
+            Some(Duration::from_millis(100))
+        })
+        .map_err(|e| e.to_string())?;
         let _ = ready_tx.send(());
         let mut buf = vec![0u8; 65536];
         let (mut n, mut bytes) = (0u64, 0u64);
@@ -114,7 +134,12 @@ pub fn udp_throughput(p: &Pair, size: usize, duration: Duration, busy: bool) -> 
                     n += 1;
                     bytes += k as u64;
                 }
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
                     std::hint::spin_loop()
                 }
                 Err(e) => return Err(format!("udp receive: {e}")),
@@ -123,7 +148,9 @@ pub fn udp_throughput(p: &Pair, size: usize, duration: Duration, busy: bool) -> 
         let span = first.map_or(Duration::ZERO, |f| last.duration_since(f));
         Ok((n, bytes, span, thread_cpu() - cpu0))
     });
-    ready_rx.recv_timeout(Duration::from_secs(5)).map_err(|_| "udp receiver did not start")?;
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .map_err(|_| "udp receiver did not start")?;
     let sender = std::thread::spawn(move || -> Result<(u64, Duration), String> {
         enter(&na).map_err(|e| e.to_string())?;
         pin(0);
@@ -165,8 +192,10 @@ impl RawSide {
             ..SocketConfig::default()
         };
         let mut xsk = XskSocket::new(&umem, None, ifname, 0, &cfg).map_err(|e| e.to_string())?;
-        let mut xdp = XdpAttachment::attach(ifname, mtu, AttachPreference::Auto).map_err(|e| e.to_string())?;
-        xdp.register_socket(0, xsk.raw_fd()).map_err(|e| e.to_string())?;
+        let mut xdp = XdpAttachment::attach(ifname, mtu, AttachPreference::Auto)
+            .map_err(|e| e.to_string())?;
+        xdp.register_socket(0, xsk.raw_fd())
+            .map_err(|e| e.to_string())?;
         let n = xsk.fill.free().min(1024);
         for i in 0..n {
             let a = umem.alloc().ok_or("UMEM exhausted")?;
@@ -174,7 +203,12 @@ impl RawSide {
         }
         xsk.fill.submit(n);
         let mac = mac_of(ifname).map_err(|e| e.to_string())?;
-        Ok(RawSide { umem, xsk, _xdp: xdp, mac })
+        Ok(RawSide {
+            umem,
+            xsk,
+            _xdp: xdp,
+            mac,
+        })
     }
 
     /// Takes back sent chunks and keeps 1024 chunks in the fill ring.
@@ -205,7 +239,9 @@ impl RawSide {
         }
         let mut left = len;
         for k in 0..parts {
-            let Some(a) = self.umem.alloc() else { return false };
+            let Some(a) = self.umem.alloc() else {
+                return false;
+            };
             let n = left.min(CHUNK);
             let f = self.umem.slice_mut(a, n);
             if k == 0 {
@@ -217,7 +253,14 @@ impl RawSide {
             }
             left -= n;
             let options = if k + 1 < parts { 1 } else { 0 };
-            self.xsk.tx.write(k, XdpDesc { addr: a, len: n as u32, options });
+            self.xsk.tx.write(
+                k,
+                XdpDesc {
+                    addr: a,
+                    len: n as u32,
+                    options,
+                },
+            );
         }
         self.xsk.tx.submit(parts);
         true
@@ -243,7 +286,13 @@ impl RawSide {
 
 /// Raw AF_XDP ping-pong with frames of `frame_len` bytes: the floor for this link.
 pub fn afxdp_rtt(p: &Pair, count: u32, frame_len: usize) -> Result<Latency, String> {
-    let (na, nb, ia, ib, mtu) = (p.ns_a.clone(), p.ns_b.clone(), p.if_a.clone(), p.if_b.clone(), p.mtu);
+    let (na, nb, ia, ib, mtu) = (
+        p.ns_a.clone(),
+        p.ns_b.clone(),
+        p.if_a.clone(),
+        p.if_b.clone(),
+        p.mtu,
+    );
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || -> Result<(), String> {
         enter(&nb).map_err(|e| e.to_string())?;
@@ -264,7 +313,9 @@ pub fn afxdp_rtt(p: &Pair, count: u32, frame_len: usize) -> Result<Latency, Stri
         }
         Ok(())
     });
-    ready_rx.recv_timeout(Duration::from_secs(10)).map_err(|_| "raw AF_XDP echo did not start")?;
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "raw AF_XDP echo did not start")?;
     let client = std::thread::spawn(move || -> Result<Vec<u64>, String> {
         enter(&na).map_err(|e| e.to_string())?;
         pin(0);
@@ -300,8 +351,18 @@ pub fn afxdp_rtt(p: &Pair, count: u32, frame_len: usize) -> Result<Latency, Stri
 
 /// Raw AF_XDP one-way: frames of `frame_len` bytes as fast as the sender can, counted at
 /// the receiver: the ceiling for what any protocol can reach on this link.
-pub fn afxdp_throughput(p: &Pair, frame_len: usize, duration: Duration) -> Result<Throughput, String> {
-    let (na, nb, ia, ib, mtu) = (p.ns_a.clone(), p.ns_b.clone(), p.if_a.clone(), p.if_b.clone(), p.mtu);
+pub fn afxdp_throughput(
+    p: &Pair,
+    frame_len: usize,
+    duration: Duration,
+) -> Result<Throughput, String> {
+    let (na, nb, ia, ib, mtu) = (
+        p.ns_a.clone(),
+        p.ns_b.clone(),
+        p.if_a.clone(),
+        p.if_b.clone(),
+        p.mtu,
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let st = stop.clone();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -331,7 +392,9 @@ pub fn afxdp_throughput(p: &Pair, frame_len: usize, duration: Duration) -> Resul
         let span = first.map_or(Duration::ZERO, |f| last.duration_since(f));
         Ok((n, bytes, span, thread_cpu() - cpu0))
     });
-    ready_rx.recv_timeout(Duration::from_secs(10)).map_err(|_| "raw AF_XDP receiver did not start")?;
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "raw AF_XDP receiver did not start")?;
     let sender = std::thread::spawn(move || -> Result<(u64, Duration), String> {
         enter(&na).map_err(|e| e.to_string())?;
         pin(0);

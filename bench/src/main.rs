@@ -37,8 +37,17 @@ enum Cmd {
     Oneway(netbench::FlowArgs),
     /// Two-way throughput (torusnet both ways at once; baselines one way).
     Twoway(netbench::FlowArgs),
-    /// The standard suite (about 5-10 minutes), results into bench/results/.
+    /// The standard suite (about 2-5 minutes here), results into bench/results/.
     Suite(netbench::SuiteArgs),
+    /// Redraw the suite's SVG charts from a results file.
+    Plot {
+        /// The suite's JSON results.
+        #[arg(long, default_value = "bench/results/suite.json")]
+        from: std::path::PathBuf,
+        /// Where the SVG files go.
+        #[arg(long, default_value = "bench/results")]
+        out: std::path::PathBuf,
+    },
 }
 
 fn main() {
@@ -51,6 +60,10 @@ fn main() {
         Cmd::Oneway(a) => netbench::run_flow(&a, false),
         Cmd::Twoway(a) => netbench::run_flow(&a, true),
         Cmd::Suite(a) => netbench::run_suite(&a),
+        Cmd::Plot { from, out } => std::fs::read_to_string(&from)
+            .map_err(|e| format!("{}: {e}", from.display()))
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| format!("{}: {e}", from.display())))
+            .and_then(|v: serde_json::Value| plot::suite_charts(&v, &out)),
     };
     if let Err(e) = result {
         eprintln!("torus-bench: {e}");

@@ -76,7 +76,14 @@ pub struct Throughput {
 
 impl Throughput {
     /// From counts over a span, with the CPU time of each side.
-    pub fn new(messages: u64, bytes: u64, frames: u64, span: Duration, cpu_tx: Duration, cpu_rx: Duration) -> Throughput {
+    pub fn new(
+        messages: u64,
+        bytes: u64,
+        frames: u64,
+        span: Duration,
+        cpu_tx: Duration,
+        cpu_rx: Duration,
+    ) -> Throughput {
         let s = span.as_secs_f64().max(1e-9);
         Throughput {
             messages,

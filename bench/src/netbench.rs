@@ -106,8 +106,15 @@ fn payload_of(frame: usize) -> u64 {
 fn raw_goodput(t: Throughput, frame: usize) -> Throughput {
     let bytes = t.frames * payload_of(frame);
     let span = Duration::from_secs_f64(t.seconds);
-    Throughput::new(t.frames, bytes, t.frames, span, Duration::from_secs_f64(t.cpu_tx_s), Duration::from_secs_f64(t.cpu_rx_s))
-        .with_offered(t.offered)
+    Throughput::new(
+        t.frames,
+        bytes,
+        t.frames,
+        span,
+        Duration::from_secs_f64(t.cpu_tx_s),
+        Duration::from_secs_f64(t.cpu_rx_s),
+    )
+    .with_offered(t.offered)
 }
 
 /// Bytes torusnet should move to run for about `secs` at a guessed rate.
@@ -187,13 +194,16 @@ fn flow(tag: &str, c: &Common, secs: f64, two_way: bool) -> Result<FlowReport, S
     let frame = frame_for(size, s.mtu);
     let raw = raw_goodput(baseline::afxdp_throughput(&r.pair, frame, d)?, frame);
     stack::start(&mut r, &s);
-    let (torusnet, overheads) = stack::transfer(&r, bytes_for(c.size, secs), size, !c.short, two_way)?;
+    let (torusnet, overheads) =
+        stack::transfer(&r, bytes_for(c.size, secs), size, !c.short, two_way)?;
     Ok(FlowReport {
         setup: s,
         size: c.size,
         reliable: !c.short,
         two_way,
-        messages_per_s_over_udp: udp_blocking.as_ref().map(|u| torusnet.messages_per_s / u.messages_per_s.max(1e-9)),
+        messages_per_s_over_udp: udp_blocking
+            .as_ref()
+            .map(|u| torusnet.messages_per_s / u.messages_per_s.max(1e-9)),
         goodput_over_raw: torusnet.goodput_gbps / raw.goodput_gbps.max(1e-9),
         messages_per_s_over_raw: torusnet.messages_per_s / raw.messages_per_s.max(1e-9),
         udp_blocking,
@@ -213,14 +223,20 @@ fn print_ping(p: &PingReport) {
         p.setup.hops,
         if p.setup.busy { "busy" } else { "adaptive" }
     );
-    println!("  {:<22} {:>8} {:>8} {:>8} {:>8} {:>9}", "method", "p50", "p90", "p99", "p99.9", "max");
+    println!(
+        "  {:<22} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "method", "p50", "p90", "p99", "p99.9", "max"
+    );
     for (n, l) in [
         ("kernel UDP, blocking", &p.udp_blocking),
         ("kernel UDP, busy poll", &p.udp_busy_poll),
         ("raw AF_XDP", &p.raw_afxdp),
         ("torusnet", &p.torusnet),
     ] {
-        println!("  {:<22} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1}", n, l.p50, l.p90, l.p99, l.p999, l.max);
+        println!(
+            "  {:<22} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1}",
+            n, l.p50, l.p90, l.p99, l.p999, l.max
+        );
     }
     println!(
         "  torusnet p50 = {:.2}x raw AF_XDP, {:.2}x UDP busy poll",
@@ -271,7 +287,10 @@ fn print_flow(f: &FlowReport) {
 static TAGS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 fn tag() -> String {
-    format!("tb{}", TAGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    format!(
+        "tb{}",
+        TAGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
 }
 
 /// `torus-bench pingpong`.
@@ -296,7 +315,15 @@ pub fn run_flow(a: &FlowArgs, two_way: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn common(size: u64, mtu: u32, links: u8, hops: u8, busy: bool, aggregate: bool, short: bool) -> Common {
+fn common(
+    size: u64,
+    mtu: u32,
+    links: u8,
+    hops: u8,
+    busy: bool,
+    aggregate: bool,
+    short: bool,
+) -> Common {
     Common {
         size,
         links,
@@ -312,13 +339,25 @@ fn common(size: u64, mtu: u32, links: u8, hops: u8, busy: bool, aggregate: bool,
 fn machine() -> Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| s.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string()))
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
+        })
         .unwrap_or_default();
-    let kernel = std::process::Command::new("uname").arg("-r").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let kernel = std::process::Command::new("uname")
+        .arg("-r")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
     let perf = std::process::Command::new("perf")
         .args(["stat", "-e", "instructions", "true"])
         .output()
@@ -334,34 +373,116 @@ fn machine() -> Value {
     })
 }
 
-/// `torus-bench suite`: the standard set, about 5-10 minutes here.
+/// One measurement of the suite: given a namespace tag, its JSON result.
+type Step = Box<dyn Fn(&str) -> Result<Value, String>>;
+
+/// `torus-bench suite`: the standard set, about 2-5 minutes here.
 pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
     let secs = if a.quick { 1.0 } else { 2.0 };
     let count = if a.quick { 5000 } else { 20_000 };
-    let sizes: &[u64] = if a.quick { &[64, 8192, 65536] } else { &[64, 1024, 8192, 65536, 1 << 20] };
-    let mut steps: Vec<(String, Box<dyn Fn(&str) -> Result<Value, String>>)> = Vec::new();
-    steps.push(("RTT, 64 B short messages".into(), Box::new(move |t| pingpong(t, &common(64, 1500, 1, 0, true, true, true), count).map(|p| json!(p)))));
-    steps.push(("RTT, 64 B reliable messages".into(), Box::new(move |t| pingpong(t, &common(64, 1500, 1, 0, true, true, false), count).map(|p| json!(p)))));
-    steps.push(("64 B reliable, aggregation on".into(), Box::new(move |t| flow(t, &common(64, 1500, 1, 0, true, true, false), secs, false).map(|p| json!(p)))));
-    steps.push(("64 B reliable, aggregation off".into(), Box::new(move |t| flow(t, &common(64, 1500, 1, 0, true, false, false), secs, false).map(|p| json!(p)))));
-    steps.push(("64 B short, aggregation on".into(), Box::new(move |t| flow(t, &common(64, 1500, 1, 0, true, true, true), secs, false).map(|p| json!(p)))));
-    steps.push(("1500 B reliable, MTU 1500".into(), Box::new(move |t| flow(t, &common(1400, 1500, 1, 0, true, true, false), secs, false).map(|p| json!(p)))));
-    steps.push(("9000 B reliable, MTU 9000".into(), Box::new(move |t| flow(t, &common(8900, 9000, 1, 0, true, true, false), secs, false).map(|p| json!(p)))));
+    let sizes: &[u64] = if a.quick {
+        &[64, 8192, 65536]
+    } else {
+        &[64, 1024, 8192, 65536, 1 << 20]
+    };
+    let mut steps: Vec<(String, Step)> = Vec::new();
+    steps.push((
+        "RTT, 64 B short messages".into(),
+        Box::new(move |t| {
+            pingpong(t, &common(64, 1500, 1, 0, true, true, true), count).map(|p| json!(p))
+        }),
+    ));
+    steps.push((
+        "RTT, 64 B reliable messages".into(),
+        Box::new(move |t| {
+            pingpong(t, &common(64, 1500, 1, 0, true, true, false), count).map(|p| json!(p))
+        }),
+    ));
+    steps.push((
+        "64 B reliable, aggregation on".into(),
+        Box::new(move |t| {
+            flow(t, &common(64, 1500, 1, 0, true, true, false), secs, false).map(|p| json!(p))
+        }),
+    ));
+    steps.push((
+        "64 B reliable, aggregation off".into(),
+        Box::new(move |t| {
+            flow(t, &common(64, 1500, 1, 0, true, false, false), secs, false).map(|p| json!(p))
+        }),
+    ));
+    steps.push((
+        "64 B short, aggregation on".into(),
+        Box::new(move |t| {
+            flow(t, &common(64, 1500, 1, 0, true, true, true), secs, false).map(|p| json!(p))
+        }),
+    ));
+    steps.push((
+        "1500 B reliable, MTU 1500".into(),
+        Box::new(move |t| {
+            flow(t, &common(1400, 1500, 1, 0, true, true, false), secs, false).map(|p| json!(p))
+        }),
+    ));
+    steps.push((
+        "9000 B reliable, MTU 9000".into(),
+        Box::new(move |t| {
+            flow(t, &common(8900, 9000, 1, 0, true, true, false), secs, false).map(|p| json!(p))
+        }),
+    ));
     for &sz in sizes {
-        steps.push((format!("size sweep {sz} B, MTU 9000"), Box::new(move |t| flow(t, &common(sz, 9000, 1, 0, true, true, false), secs, false).map(|p| json!(p)))));
+        steps.push((
+            format!("size sweep {sz} B, MTU 9000"),
+            Box::new(move |t| {
+                flow(t, &common(sz, 9000, 1, 0, true, true, false), secs, false).map(|p| json!(p))
+            }),
+        ));
     }
     for links in [1u8, 2] {
-        steps.push((format!("{links} link(s), 64 KiB, MTU 9000"), Box::new(move |t| flow(t, &common(65536, 9000, links, 0, true, true, false), secs, false).map(|p| json!(p)))));
+        steps.push((
+            format!("{links} link(s), 64 KiB, MTU 9000"),
+            Box::new(move |t| {
+                flow(
+                    t,
+                    &common(65536, 9000, links, 0, true, true, false),
+                    secs,
+                    false,
+                )
+                .map(|p| json!(p))
+            }),
+        ));
     }
     for hops in [0u8, 1, 2] {
-        steps.push((format!("{hops} forwarding hop(s), 64 KiB, MTU 9000, adaptive"), Box::new(move |t| flow(t, &common(65536, 9000, 1, hops, false, true, false), secs, false).map(|p| json!(p)))));
+        steps.push((
+            format!("{hops} forwarding hop(s), 64 KiB, MTU 9000, adaptive"),
+            Box::new(move |t| {
+                flow(
+                    t,
+                    &common(65536, 9000, 1, hops, false, true, false),
+                    secs,
+                    false,
+                )
+                .map(|p| json!(p))
+            }),
+        ));
     }
-    steps.push(("RTT over 2 forwarding hops, adaptive".into(), Box::new(move |t| pingpong(t, &common(64, 1500, 1, 2, false, true, true), count / 4).map(|p| json!(p)))));
-    steps.push(("two-way, 64 KiB, MTU 9000".into(), Box::new(move |t| flow(t, &common(65536, 9000, 1, 0, true, true, false), secs, true).map(|p| json!(p)))));
+    steps.push((
+        "RTT over 2 forwarding hops, adaptive".into(),
+        Box::new(move |t| {
+            pingpong(t, &common(64, 1500, 1, 2, false, true, true), count / 4).map(|p| json!(p))
+        }),
+    ));
+    steps.push((
+        "two-way, 64 KiB, MTU 9000".into(),
+        Box::new(move |t| {
+            flow(t, &common(65536, 9000, 1, 0, true, true, false), secs, true).map(|p| json!(p))
+        }),
+    ));
 
     let bar = ProgressBar::new(steps.len() as u64);
     if std::io::stderr().is_terminal() {
-        bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
     } else {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
@@ -371,7 +492,10 @@ pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
         bar.set_message(name.clone());
         let v = f(&tag()).unwrap_or_else(|e| json!({"error": e}));
         if !std::io::stderr().is_terminal() {
-            eprintln!("torus-bench suite: {name} done ({:.0} s)", started.elapsed().as_secs_f64());
+            eprintln!(
+                "torus-bench suite: {name} done ({:.0} s)",
+                started.elapsed().as_secs_f64()
+            );
         }
         results.insert(name.clone(), v);
         bar.inc(1);
@@ -385,8 +509,11 @@ pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
     });
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
     let summary = summarize(&report);
-    std::fs::write(a.out.join("suite.json"), serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
+    std::fs::write(
+        a.out.join("suite.json"),
+        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
     std::fs::write(a.out.join("suite.md"), &summary).map_err(|e| e.to_string())?;
     if let Some(dir) = &a.plot {
         plot::suite_charts(&report, dir)?;
@@ -451,7 +578,10 @@ pub fn summarize(report: &Value) -> String {
         f(p, &["udp_busy_poll", "p50"]), f(p, &["udp_busy_poll", "p99"]),
         f(p, &["udp_blocking", "p50"]), f(p, &["udp_blocking", "p99"]),
     );
-    let (l1, l2) = (&r["1 link(s), 64 KiB, MTU 9000"], &r["2 link(s), 64 KiB, MTU 9000"]);
+    let (l1, l2) = (
+        &r["1 link(s), 64 KiB, MTU 9000"],
+        &r["2 link(s), 64 KiB, MTU 9000"],
+    );
     s += &format!(
         "- 1 vs 2 links (64 KiB reliable, MTU 9000): {:.2} vs {:.2} Gb/s (raw AF_XDP on one link: {:.2}).\n",
         f(l1, &["torusnet", "goodput_gbps"]),
@@ -459,15 +589,27 @@ pub fn summarize(report: &Value) -> String {
         f(l1, &["raw_afxdp", "goodput_gbps"]),
     );
     let h: Vec<String> = (0..3)
-        .map(|h| format!("{:.2}", f(&r[&format!("{h} forwarding hop(s), 64 KiB, MTU 9000, adaptive")], &["torusnet", "goodput_gbps"])))
+        .map(|h| {
+            format!(
+                "{:.2}",
+                f(
+                    &r[&format!("{h} forwarding hop(s), 64 KiB, MTU 9000, adaptive")],
+                    &["torusnet", "goodput_gbps"]
+                )
+            )
+        })
         .collect();
-    s += &format!("- 0 vs 1 vs 2 forwarding hops (64 KiB reliable, MTU 9000, adaptive polling): {} Gb/s.\n\n", h.join(" vs "));
+    s += &format!(
+        "- 0 vs 1 vs 2 forwarding hops (64 KiB reliable, MTU 9000, adaptive polling): {} Gb/s.\n\n",
+        h.join(" vs ")
+    );
     s += "## Throughput runs\n\n| run | torusnet msg/s | Gb/s | frames/s | CPU ns/msg | vs raw AF_XDP | vs UDP | msgs/frame | extra frames | out of order |\n|---|---|---|---|---|---|---|---|---|---|\n";
     for (name, v) in r.as_object().into_iter().flatten() {
         if v.get("torusnet").is_none() || v["torusnet"].get("goodput_gbps").is_none() {
             continue;
         }
-        s += &format!(
+        s +=
+            &format!(
             "| {name} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2}x | {} | {:.1} | {:.2}% | {:.2}% |\n",
             f(v, &["torusnet", "messages_per_s"]),
             f(v, &["torusnet", "goodput_gbps"]),
@@ -488,11 +630,20 @@ pub fn summarize(report: &Value) -> String {
         for m in ["udp_blocking", "udp_busy_poll", "raw_afxdp", "torusnet"] {
             s += &format!(
                 "| {name} | {m} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
-                f(v, &[m, "p50"]), f(v, &[m, "p90"]), f(v, &[m, "p99"]), f(v, &[m, "p999"]), f(v, &[m, "max"])
+                f(v, &[m, "p50"]),
+                f(v, &[m, "p90"]),
+                f(v, &[m, "p99"]),
+                f(v, &[m, "p999"]),
+                f(v, &[m, "max"])
             );
         }
     }
-    let errors: Vec<String> = r.as_object().into_iter().flatten().filter_map(|(k, v)| v.get("error").map(|e| format!("- {k}: {e}\n"))).collect();
+    let errors: Vec<String> = r
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| v.get("error").map(|e| format!("- {k}: {e}\n")))
+        .collect();
     if !errors.is_empty() {
         s += "\n## Runs that failed\n\n";
         s += &errors.concat();

@@ -32,8 +32,15 @@ fn size_chart(r: &Value, path: &Path) -> Result<(), String> {
     let mut tor = Vec::new();
     let mut raw = Vec::new();
     for (name, v) in r.as_object().into_iter().flatten() {
-        if let Some(sz) = name.strip_prefix("size sweep ").and_then(|x| x.split(' ').next()).and_then(|x| x.parse::<f64>().ok()) {
-            if let (Some(t), Some(w)) = (num(v, &["torusnet", "goodput_gbps"]), num(v, &["raw_afxdp", "goodput_gbps"])) {
+        if let Some(sz) = name
+            .strip_prefix("size sweep ")
+            .and_then(|x| x.split(' ').next())
+            .and_then(|x| x.parse::<f64>().ok())
+        {
+            if let (Some(t), Some(w)) = (
+                num(v, &["torusnet", "goodput_gbps"]),
+                num(v, &["raw_afxdp", "goodput_gbps"]),
+            ) {
                 tor.push((sz, t));
                 raw.push((sz, w));
             }
@@ -45,18 +52,37 @@ fn size_chart(r: &Value, path: &Path) -> Result<(), String> {
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut c = ChartBuilder::on(&root)
-        .caption("Goodput vs message size (MTU 9000, one link, reliable)", ("sans-serif", 20))
+        .caption(
+            "Goodput vs message size (MTU 9000, one link, reliable)",
+            ("sans-serif", 20),
+        )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(55)
         .build_cartesian_2d((32f64..2_000_000f64).log_scale(), 0f64..ymax)
         .map_err(err)?;
-    c.configure_mesh().x_desc("message size (bytes)").y_desc("Gb/s").draw().map_err(err)?;
-    c.draw_series(LineSeries::new(tor.clone(), &BLUE)).map_err(err)?.label("torusnet").legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-    c.draw_series(tor.iter().map(|p| Circle::new(*p, 4, BLUE.filled()))).map_err(err)?;
-    c.draw_series(LineSeries::new(raw.clone(), &RED)).map_err(err)?.label("raw AF_XDP, same frames").legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-    c.draw_series(raw.iter().map(|p| Circle::new(*p, 4, RED.filled()))).map_err(err)?;
-    c.configure_series_labels().border_style(BLACK).background_style(WHITE).draw().map_err(err)?;
+    c.configure_mesh()
+        .x_desc("message size (bytes)")
+        .y_desc("Gb/s")
+        .draw()
+        .map_err(err)?;
+    c.draw_series(LineSeries::new(tor.clone(), &BLUE))
+        .map_err(err)?
+        .label("torusnet")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    c.draw_series(tor.iter().map(|p| Circle::new(*p, 4, BLUE.filled())))
+        .map_err(err)?;
+    c.draw_series(LineSeries::new(raw.clone(), &RED))
+        .map_err(err)?
+        .label("raw AF_XDP, same frames")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    c.draw_series(raw.iter().map(|p| Circle::new(*p, 4, RED.filled())))
+        .map_err(err)?;
+    c.configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(err)?;
     root.present().map_err(err)
 }
 
@@ -69,35 +95,56 @@ fn bars_chart(r: &Value, path: &Path) -> Result<(), String> {
         ("2 hops*", "2 forwarding hop(s), 64 KiB, MTU 9000, adaptive"),
     ]
     .iter()
-    .map(|(l, k)| (l.to_string(), num(&r[*k], &["torusnet", "goodput_gbps"]).unwrap_or(0.0)))
+    .map(|(l, k)| {
+        (
+            l.to_string(),
+            num(&r[*k], &["torusnet", "goodput_gbps"]).unwrap_or(0.0),
+        )
+    })
     .collect();
     let ymax = items.iter().map(|i| i.1).fold(0.1, f64::max) * 1.2;
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
+    let n = items.len() as u32;
     let mut c = ChartBuilder::on(&root)
-        .caption("Goodput vs links and forwarding hops (64 KiB reliable, MTU 9000; * adaptive polling)", ("sans-serif", 18))
+        .caption(
+            "Goodput vs links and forwarding hops (64 KiB reliable, MTU 9000; * adaptive polling)",
+            ("sans-serif", 18),
+        )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(55)
-        .build_cartesian_2d(0f64..items.len() as f64, 0f64..ymax)
+        .build_cartesian_2d((0u32..n).into_segmented(), 0f64..ymax)
         .map_err(err)?;
     let labels: Vec<String> = items.iter().map(|i| i.0.clone()).collect();
     c.configure_mesh()
         .disable_x_mesh()
-        .x_labels(items.len() * 2)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 0.26 {
-                labels.get(i).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
+        .x_label_formatter(&|x| match x {
+            SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
+            _ => String::new(),
         })
         .y_desc("Gb/s")
         .draw()
         .map_err(err)?;
     c.draw_series(items.iter().enumerate().map(|(i, it)| {
-        Rectangle::new([(i as f64 + 0.15, 0.0), (i as f64 + 0.85, it.1)], BLUE.mix(0.7).filled())
+        let i = i as u32;
+        let mut bar = Rectangle::new(
+            [
+                (SegmentValue::Exact(i), 0.0),
+                (SegmentValue::Exact(i + 1), it.1),
+            ],
+            BLUE.mix(0.7).filled(),
+        );
+        bar.set_margin(0, 0, 12, 12);
+        bar
+    }))
+    .map_err(err)?;
+    c.draw_series(items.iter().enumerate().map(|(i, it)| {
+        Text::new(
+            format!("{:.1}", it.1),
+            (SegmentValue::CenterOf(i as u32), it.1 + ymax * 0.03),
+            ("sans-serif", 14),
+        )
     }))
     .map_err(err)?;
     root.present().map_err(err)
@@ -106,36 +153,67 @@ fn bars_chart(r: &Value, path: &Path) -> Result<(), String> {
 fn cdf_chart(r: &Value, path: &Path) -> Result<(), String> {
     let v = &r["RTT, 64 B short messages"];
     let series: Vec<(&str, RGBColor, Vec<f64>)> = [
-        ("kernel UDP, blocking", "udp_blocking", RGBColor(150, 150, 150)),
-        ("kernel UDP, busy poll", "udp_busy_poll", RGBColor(0, 150, 0)),
+        (
+            "kernel UDP, blocking",
+            "udp_blocking",
+            RGBColor(150, 150, 150),
+        ),
+        (
+            "kernel UDP, busy poll",
+            "udp_busy_poll",
+            RGBColor(0, 150, 0),
+        ),
         ("raw AF_XDP", "raw_afxdp", RED),
         ("torusnet", "torusnet", BLUE),
     ]
     .iter()
     .map(|(l, k, col)| {
-        let pts = v[*k]["cdf"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default();
+        let pts = v[*k]["cdf"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_default();
         (*l, *col, pts)
     })
     .collect();
-    let xmax = series.iter().flat_map(|s| s.2.iter().copied()).filter(|x| x.is_finite()).fold(1.0, f64::max);
+    let xmax = series
+        .iter()
+        .flat_map(|s| s.2.iter().copied())
+        .filter(|x| x.is_finite())
+        .fold(1.0, f64::max);
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut c = ChartBuilder::on(&root)
-        .caption("Ping-pong RTT CDF, 64 B, one veth pair, one core per side", ("sans-serif", 20))
+        .caption(
+            "Ping-pong RTT CDF, 64 B, one veth pair, one core per side",
+            ("sans-serif", 20),
+        )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(55)
         .build_cartesian_2d((1f64..xmax * 1.2).log_scale(), 0f64..1f64)
         .map_err(err)?;
-    c.configure_mesh().x_desc("round-trip time (us, log)").y_desc("fraction").draw().map_err(err)?;
+    c.configure_mesh()
+        .x_desc("round-trip time (us, log)")
+        .y_desc("fraction")
+        .draw()
+        .map_err(err)?;
     for (label, col, pts) in series {
         let n = pts.len().max(2) as f64 - 1.0;
-        let line: Vec<(f64, f64)> = pts.iter().enumerate().map(|(i, x)| (x.max(1.0), i as f64 / n)).collect();
+        let line: Vec<(f64, f64)> = pts
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (x.max(1.0), i as f64 / n))
+            .collect();
         c.draw_series(LineSeries::new(line, col.stroke_width(2)))
             .map_err(err)?
             .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col));
     }
-    c.configure_series_labels().position(SeriesLabelPosition::LowerRight).border_style(BLACK).background_style(WHITE).draw().map_err(err)?;
+    c.configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(err)?;
     root.present().map_err(err)
 }

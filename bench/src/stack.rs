@@ -47,7 +47,12 @@ pub fn build(tag: &str, s: &Setup) -> Result<Running, String> {
     let hops = s.hops.min(4);
     let (cluster, to) = if hops == 0 {
         let dims = Dims::new(2, 1, 1).map_err(|e| e.to_string())?;
-        let mut c = Cluster::new(tag, dims, &[Coord::new(0, 0, 0), Coord::new(1, 0, 0)], s.mtu);
+        let mut c = Cluster::new(
+            tag,
+            dims,
+            &[Coord::new(0, 0, 0), Coord::new(1, 0, 0)],
+            s.mtu,
+        );
         c.link(0, Dir::PlusX, 1);
         if s.links >= 2 {
             c.link(0, Dir::MinusX, 1);
@@ -68,8 +73,14 @@ pub fn build(tag: &str, s: &Setup) -> Result<Running, String> {
     // Kernel baselines use the sender's first link and the receiver's side of the first hop.
     let ns_a = cluster.servers[0].ns.name().to_string();
     let ns_b = cluster.servers[1].ns.name().to_string();
-    cluster.servers[0].ns.ip(&["addr", "add", "10.77.0.1/24", "dev", "t0px"]).map_err(|e| e.to_string())?;
-    cluster.servers[1].ns.ip(&["addr", "add", "10.77.0.2/24", "dev", "t1mx"]).map_err(|e| e.to_string())?;
+    cluster.servers[0]
+        .ns
+        .ip(&["addr", "add", "10.77.0.1/24", "dev", "t0px"])
+        .map_err(|e| e.to_string())?;
+    cluster.servers[1]
+        .ns
+        .ip(&["addr", "add", "10.77.0.2/24", "dev", "t1mx"])
+        .map_err(|e| e.to_string())?;
     let pair = Pair {
         ns_a,
         ns_b,
@@ -77,7 +88,13 @@ pub fn build(tag: &str, s: &Setup) -> Result<Running, String> {
         if_b: "t1mx".into(),
         mtu: s.mtu,
     };
-    Ok(Running { cluster, tx: 0, rx, to, pair })
+    Ok(Running {
+        cluster,
+        tx: 0,
+        rx,
+        to,
+        pair,
+    })
 }
 
 /// Starts torusd everywhere for `s`: the ends pinned to cores 0 and 1 when busy polling;
@@ -90,7 +107,10 @@ pub fn start(r: &mut Running, s: &Setup) {
     r.cluster.start_with(|i| {
         let mut t = String::new();
         if s.busy && (i == tx || i == rx) {
-            t += &format!("polling = \"busy\"\ncores = [{}]\n", if i == tx { 0 } else { 1 });
+            t += &format!(
+                "polling = \"busy\"\ncores = [{}]\n",
+                if i == tx { 0 } else { 1 }
+            );
         } else {
             t += "polling = \"adaptive\"\n";
         }
@@ -117,7 +137,10 @@ pub fn ping(r: &Running, count: u32, size: usize, reliable: bool) -> Result<Late
         p99: g("p99"),
         p999: g("p999"),
         max: g("max"),
-        cdf: v["cdf_us"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default(),
+        cdf: v["cdf_us"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_default(),
     })
 }
 
@@ -148,11 +171,20 @@ fn n(v: &Value, path: &[&str]) -> f64 {
 
 /// One-way transfer of `bytes` in `size`-byte messages (reliable or short), both ways at
 /// once when `two_way`.
-pub fn transfer(r: &Running, bytes: u64, size: usize, reliable: bool, two_way: bool) -> Result<(Throughput, Overheads), String> {
+pub fn transfer(
+    r: &Running,
+    bytes: u64,
+    size: usize,
+    reliable: bool,
+    two_way: bool,
+) -> Result<(Throughput, Overheads), String> {
     let (tx, rx) = (r.tx, r.rx);
     let from = r.cluster.servers[tx].coord;
     let (a0, b0) = (counters(r, tx)?, counters(r, rx)?);
-    let pids = (r.cluster.pid(tx).unwrap_or(0), r.cluster.pid(rx).unwrap_or(0));
+    let pids = (
+        r.cluster.pid(tx).unwrap_or(0),
+        r.cluster.pid(rx).unwrap_or(0),
+    );
     let (c0a, c0b) = (process_cpu(pids.0), process_cpu(pids.1));
     // Throughput runs do not verify payloads (the e2e tests do): checking every byte would
     // cost more than the stack being measured, and the raw AF_XDP baseline touches none.
@@ -163,10 +195,13 @@ pub fn transfer(r: &Running, bytes: u64, size: usize, reliable: bool, two_way: b
         Some(std::thread::spawn(move || -> Result<Value, String> {
             use std::io::{BufRead, BufReader, Write};
             let mut s = std::os::unix::net::UnixStream::connect(sock).map_err(|e| e.to_string())?;
-            s.set_read_timeout(Some(Duration::from_secs(600))).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(600)))
+                .map_err(|e| e.to_string())?;
             writeln!(s, "{q}").map_err(|e| e.to_string())?;
             let mut line = String::new();
-            BufReader::new(&s).read_line(&mut line).map_err(|e| e.to_string())?;
+            BufReader::new(&s)
+                .read_line(&mut line)
+                .map_err(|e| e.to_string())?;
             serde_json::from_str(&line).map_err(|e| e.to_string())
         }))
     } else {
@@ -188,24 +223,44 @@ pub fn transfer(r: &Running, bytes: u64, size: usize, reliable: bool, two_way: b
     };
     check(&v)?;
     let secs = n(&v, &["elapsed_s"]);
-    let mut msgs = if reliable { n(&v, &["messages"]) } else { n(&v, &["receiver", "short_received"]) };
+    let mut msgs = if reliable {
+        n(&v, &["messages"])
+    } else {
+        n(&v, &["receiver", "short_received"])
+    };
     let mut payload = n(&v, &["receiver", "bytes"]);
     if let Some(w) = &w {
         check(w)?;
-        msgs += if reliable { n(w, &["messages"]) } else { n(w, &["receiver", "short_received"]) };
+        msgs += if reliable {
+            n(w, &["messages"])
+        } else {
+            n(w, &["receiver", "short_received"])
+        };
         payload += n(w, &["receiver", "bytes"]);
     }
-    let d = |a: &Value, b: &Value, k: &str| n(b, &["engine", "transport", k]) - n(a, &["engine", "transport", k]);
+    let d = |a: &Value, b: &Value, k: &str| {
+        n(b, &["engine", "transport", k]) - n(a, &["engine", "transport", k])
+    };
     let mut data = d(&a0, &a1, "data_frames") + d(&a0, &a1, "short_frames");
-    let mut extra = d(&a0, &a1, "retransmitted_frames") + d(&b0, &b1, "ack_frames") + d(&b0, &b1, "nack_frames");
+    let mut extra = d(&a0, &a1, "retransmitted_frames")
+        + d(&b0, &b1, "ack_frames")
+        + d(&b0, &b1, "nack_frames");
     let mut retx = d(&a0, &a1, "retransmitted_frames");
     if two_way {
         data += d(&b0, &b1, "data_frames") + d(&b0, &b1, "short_frames");
-        extra += d(&b0, &b1, "retransmitted_frames") + d(&a0, &a1, "ack_frames") + d(&a0, &a1, "nack_frames");
+        extra += d(&b0, &b1, "retransmitted_frames")
+            + d(&a0, &a1, "ack_frames")
+            + d(&a0, &a1, "nack_frames");
         retx += d(&b0, &b1, "retransmitted_frames");
     }
-    let rx_frames: f64 = b1["links"].as_array().map(|l| l.iter().map(|x| n(x, &["counters", "rx_frames"])).sum()).unwrap_or(0.0)
-        - b0["links"].as_array().map(|l| l.iter().map(|x| n(x, &["counters", "rx_frames"])).sum()).unwrap_or(0.0);
+    let rx_frames: f64 = b1["links"]
+        .as_array()
+        .map(|l| l.iter().map(|x| n(x, &["counters", "rx_frames"])).sum())
+        .unwrap_or(0.0)
+        - b0["links"]
+            .as_array()
+            .map(|l| l.iter().map(|x| n(x, &["counters", "rx_frames"])).sum())
+            .unwrap_or(0.0);
     let ooo = d(&b0, &b1, "out_of_order_frames");
     let t = Throughput::new(
         msgs as u64,

@@ -465,7 +465,11 @@ impl Builtins {
                 self.buf[5..13].copy_from_slice(&b.next.to_le_bytes());
             }
             let fences = fences_of(b.next, b.req.fence_every);
-            let opts = if b.req.reliable { rel(fences) } else { MsgOptions::default() };
+            let opts = if b.req.reliable {
+                rel(fences)
+            } else {
+                MsgOptions::default()
+            };
             match node.send(now, to, BENCH, &self.buf, opts) {
                 Ok(()) => {
                     if b.req.verify {

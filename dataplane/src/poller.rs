@@ -27,6 +27,12 @@ use crate::xsk::{Umem, XdpDesc, XskSocket, CHUNK};
 /// Frames handled per ring per turn, so no link starves the others.
 const BATCH: u32 = 64;
 
+/// Most descriptors a link's TX ring may hold before the link counts as full. The ring
+/// could take 2048, but in copy mode the kernel drains a budget per kick, and frames parked
+/// there for milliseconds make every round trip (and so every timeout and NACK guard) look
+/// long; the transport keeps the rest, where it can still choose links and retransmit.
+const TX_QUEUE_LIMIT: u32 = 256;
+
 /// One link as the poller sees it.
 #[derive(Debug)]
 pub struct Port {
@@ -487,7 +493,7 @@ impl Poller {
             let Some(o) = self.by_dir[usize::from(d.index())] else {
                 continue;
             };
-            if self.ports[o].xsk.tx.free() < need {
+            if self.ports[o].xsk.tx.outstanding() + need > TX_QUEUE_LIMIT {
                 add(&self.counters(o).tx_ring_full, 1);
                 continue;
             }
@@ -621,7 +627,7 @@ impl Poller {
         for _ in 0..BATCH * self.ports.len().max(1) as u32 {
             let mut room = DirSet::EMPTY;
             for p in &mut self.ports {
-                if p.xsk.tx.free() >= self.chunks_per_frame {
+                if p.xsk.tx.outstanding() + self.chunks_per_frame <= TX_QUEUE_LIMIT {
                     room = room.with(p.dir);
                 }
             }

@@ -117,7 +117,10 @@ impl RecvWindow {
         self.set(seq, true);
         if !retransmit && seq + 1 < self.highest {
             // An original frame overtaken by later ones: the path reorders this much.
-            self.reorder = self.reorder.max(self.highest - seq).min(u64::from(self.cfg.window / 2));
+            self.reorder = self
+                .reorder
+                .max(self.highest - seq)
+                .min(u64::from(self.cfg.window / 2));
             self.calm = 0;
         } else {
             self.calm += 1;
