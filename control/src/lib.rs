@@ -2,5 +2,7 @@
 //! behind `torusctl key` / `torusctl route`, and the clients of the daemons' sockets.
 
 pub mod daemon;
+pub mod doctor;
 pub mod dpclient;
+pub mod plan;
 pub mod query;

@@ -112,6 +112,10 @@ struct Raw {
     /// The control process's section of a shared node file (not read here).
     #[serde(default)]
     control: Option<toml::Value>,
+    /// The NICs steer the torus EtherType to RX queue 0 (ethtool ntuple), so torusd may
+    /// start on links with several RX queues.
+    #[serde(default)]
+    rx_queue_steering: bool,
 }
 
 fn default_mtu() -> u32 {
@@ -160,6 +164,8 @@ pub struct NodeConfig {
     pub transport: TransportConfig,
     /// UMEM chunks (4 KiB each) shared by all links.
     pub umem_chunks: u32,
+    /// Torus frames are steered to RX queue 0 on every link (multi-queue NICs).
+    pub rx_queue_steering: bool,
 }
 
 impl NodeConfig {
@@ -328,6 +334,7 @@ impl NodeConfig {
             view,
             transport,
             umem_chunks: raw.umem_chunks,
+            rx_queue_steering: raw.rx_queue_steering,
         })
     }
 }

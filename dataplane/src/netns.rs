@@ -148,3 +148,56 @@ pub fn format_mac(m: [u8; 6]) -> String {
         .collect::<Vec<_>>()
         .join(":")
 }
+
+/// The number of RX queues a NIC uses now (ETHTOOL_GCHANNELS: RX + combined channels), in
+/// the calling thread's network namespace; `None` when the driver does not say.
+pub fn rx_queues(ifname: &str) -> io::Result<Option<u32>> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct Channels {
+        cmd: u32,
+        max_rx: u32,
+        max_tx: u32,
+        max_other: u32,
+        max_combined: u32,
+        rx_count: u32,
+        tx_count: u32,
+        other_count: u32,
+        combined_count: u32,
+    }
+    if ifname.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::other(format!(
+            "interface name {ifname:?} is too long"
+        )));
+    }
+    // SAFETY: a throwaway datagram socket for the ioctl.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is ours.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let mut ch = Channels {
+        cmd: 0x3c,
+        ..Channels::default()
+    };
+    // SAFETY: ifreq is plain data.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(ifname.bytes()) {
+        *d = s as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&mut ch as *mut Channels).cast();
+    // SAFETY: SIOCETHTOOL with ETHTOOL_GCHANNELS fills `ch`, which outlives the call.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut req) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => Ok(None),
+            _ => Err(io::Error::new(
+                e.kind(),
+                format!("{ifname}: channel count: {e}"),
+            )),
+        };
+    }
+    Ok(Some((ch.rx_count + ch.combined_count).max(1)))
+}

@@ -552,6 +552,23 @@ impl Dataplane {
         let mut ports: Vec<Vec<(usize, Port)>> = (0..nshards).map(|_| Vec::new()).collect();
         let mut infos = Vec::new();
         let mut link_shard = [None; 6];
+        // One socket per link reads RX queue 0: refuse links where torus frames could land
+        // on other queues that nobody reads.
+        for l in &cfg.links {
+            let q =
+                crate::netns::rx_queues(&l.ifname).map_err(|e| StartError::Link(e.to_string()))?;
+            if let Some(n) = q.filter(|n| *n > 1) {
+                if !cfg.rx_queue_steering {
+                    return Err(StartError::Link(format!(
+                        "{}: {n} RX queues, but torusd reads queue 0 only: set one queue \
+                         (ethtool -L {} combined 1), or steer the torus EtherType to queue 0 \
+                         (ethtool -N {} flow-type ether proto 0x88b5 action 0) and set \
+                         rx_queue_steering = true",
+                        l.ifname, l.ifname, l.ifname
+                    )));
+                }
+            }
+        }
         for (idx, l) in cfg.links.iter().enumerate() {
             let shard = idx % nshards;
             link_shard[usize::from(l.dir.index())] = Some(shard);

@@ -74,6 +74,35 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Preflight of this server: kernel, privileges, bpffs, each link (up, MTU, driver XDP,
+    /// zero-copy, queues, offloads), cores and IRQs, clock. Changes nothing; exit 0 unless a
+    /// check fails.
+    Doctor {
+        /// The node file (links, MTU, cores).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The cabling list of a torus; with --out, a node file per server too.
+    Plan {
+        /// Torus dimensions, XxYxZ.
+        #[arg(value_parser = parse_dims)]
+        dims: Dims,
+        /// Host name prefix.
+        #[arg(long, default_value = "torus")]
+        prefix: String,
+        /// Port (interface) names per direction, +x,-x,+y,-y,+z,-z.
+        #[arg(long, default_value = "px,mx,py,my,pz,mz")]
+        ports: String,
+        /// Link MTU for the node files.
+        #[arg(long, default_value_t = 9000)]
+        mtu: u32,
+        /// Write a node file per server into this directory.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Run the control process of one server (coordinates, neighbours, link state).
     Daemon {
         /// The node file.
@@ -173,6 +202,56 @@ fn run(cmd: Cmd) -> Result<String, String> {
             control,
             json,
         } => return status(config, socket, control, json),
+        Cmd::Doctor { config, json } => {
+            let node = match config {
+                Some(c) => torusnet_control::doctor::Node::from_file(&c)?,
+                None => torusnet_control::doctor::Node::default(),
+            };
+            let checks = torusnet_control::doctor::run(&node);
+            let failed = checks
+                .iter()
+                .any(|c| c.level == torusnet_control::doctor::Level::Fail);
+            let out = if json {
+                serde_json::json!({"ok": !failed, "checks": checks}).to_string()
+            } else {
+                torusnet_control::doctor::render(&checks)
+                    .trim_end()
+                    .to_string()
+            };
+            if failed {
+                return Err(format!("{out}\nDOCTOR_FAILED"));
+            }
+            return Ok(out);
+        }
+        Cmd::Plan {
+            dims,
+            prefix,
+            ports,
+            mtu,
+            out,
+        } => {
+            let p: Vec<String> = ports.split(',').map(|s| s.trim().to_string()).collect();
+            let ports: [String; 6] = p
+                .try_into()
+                .map_err(|_| "--ports takes six names: +x,-x,+y,-y,+z,-z".to_string())?;
+            if !(576..=9000).contains(&mtu) {
+                return Err(format!("--mtu {mtu} is outside 576..=9000"));
+            }
+            if let Some(dir) = out {
+                std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                for c in dims.coords() {
+                    let f = dir.join(format!("{}.toml", torusnet_control::plan::host(&prefix, c)));
+                    std::fs::write(
+                        &f,
+                        torusnet_control::plan::node_file(dims, c, &prefix, &ports, mtu),
+                    )
+                    .map_err(|e| format!("{}: {e}", f.display()))?;
+                }
+            }
+            return Ok(torusnet_control::plan::render(dims, &prefix, &ports)
+                .trim_end()
+                .to_string());
+        }
         Cmd::Daemon { config } => {
             let cfg = torusnet_control::daemon::DaemonConfig::load(&config)?;
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -284,6 +363,15 @@ fn main() -> ExitCode {
                 let _ = writeln!(std::io::stdout(), "{out}");
             }
             ExitCode::SUCCESS
+        }
+        Err(msg) if msg.ends_with("DOCTOR_FAILED") => {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stdout(),
+                "{}",
+                msg.trim_end_matches("DOCTOR_FAILED").trim_end()
+            );
+            ExitCode::from(1)
         }
         Err(msg) => {
             eprintln!("torusctl: {msg}");
