@@ -390,7 +390,7 @@ pub fn run(node: &Node) -> Vec<Check> {
             if cs.is_empty() {
                 "unknown (sysfs not readable)".into()
             } else {
-                format!("{cs}")
+                cs.to_string()
             },
             "",
         ));
