@@ -22,9 +22,14 @@ pub struct Common {
     /// Message size in bytes (64 B .. 1 MiB).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(9..=1 << 20))]
     size: u64,
-    /// Links between sender and receiver (1 or 2; more are measured in the simulator).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    /// Links the sender stripes over: 1 or 2 straight to the receiver; 3 to 6 as first hops
+    /// in a 2x2x2 torus towards the opposite corner (3 hops, forwarding servers adaptive).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=6))]
     links: u8,
+    /// Run on two real ports of this machine cabled to each other, SENDER,RECEIVER (e.g.
+    /// eth1,eth2), instead of a veth pair; they move into the namespaces and back.
+    #[arg(long, value_parser = parse_ports)]
+    ports: Option<(String, String)>,
     /// Forwarding servers between sender and receiver.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=4))]
     hops: u8,
@@ -45,7 +50,24 @@ pub struct Common {
     json: bool,
 }
 
+fn parse_ports(s: &str) -> Result<(String, String), String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or("expected SENDER,RECEIVER interface names")?;
+    if a.is_empty() || b.is_empty() || a == b {
+        return Err("expected two different interface names: SENDER,RECEIVER".into());
+    }
+    Ok((a.to_string(), b.to_string()))
+}
+
 impl Common {
+    fn real(&self) -> Option<stack::RealPorts> {
+        self.ports.as_ref().map(|(a, b)| stack::RealPorts {
+            a: a.clone(),
+            b: b.clone(),
+        })
+    }
+
     fn setup(&self) -> Setup {
         Setup {
             mtu: self.mtu.parse().unwrap_or(1500),
@@ -141,7 +163,7 @@ struct PingReport {
 
 fn pingpong(tag: &str, c: &Common, count: u32) -> Result<PingReport, String> {
     let s = c.setup();
-    let mut r = stack::build(tag, &s)?;
+    let mut r = stack::build(tag, &s, c.real().as_ref())?;
     let size = c.size as usize;
     let udp_size = size.min(s.mtu as usize - 28);
     let udp_blocking = baseline::udp_rtt(&r.pair, count, udp_size, false)?;
@@ -179,7 +201,7 @@ struct FlowReport {
 
 fn flow(tag: &str, c: &Common, secs: f64, two_way: bool) -> Result<FlowReport, String> {
     let s = c.setup();
-    let mut r = stack::build(tag, &s)?;
+    let mut r = stack::build(tag, &s, c.real().as_ref())?;
     let size = c.size as usize;
     let d = Duration::from_secs_f64(secs);
     // UDP carries the message in one datagram when it fits the MTU.
@@ -327,6 +349,7 @@ fn common(
     Common {
         size,
         links,
+        ports: None,
         hops,
         mtu: mtu.to_string(),
         polling: if busy { "busy" } else { "adaptive" }.into(),
@@ -450,6 +473,18 @@ pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
             }),
         ));
     }
+    steps.push((
+        "6 first-hop links (2x2x2 torus, 3 hops), 64 KiB, MTU 9000, adaptive".into(),
+        Box::new(move |t| {
+            flow(
+                t,
+                &common(65536, 9000, 6, 0, false, true, false),
+                secs,
+                false,
+            )
+            .map(|p| json!(p))
+        }),
+    ));
     for hops in [0u8, 1, 2] {
         steps.push((
             format!("{hops} forwarding hop(s), 64 KiB, MTU 9000, adaptive"),

@@ -18,7 +18,8 @@ use crate::measure::{process_cpu, Latency, Throughput};
 pub struct Setup {
     /// Link MTU.
     pub mtu: u32,
-    /// Links between sender and receiver (1 or 2, with no forwarding hop).
+    /// Links the sender stripes over: 1 or 2 go straight to the receiver; 3 to 6 are the
+    /// sender's first hops in a 2x2x2 torus towards the opposite corner (3 hops away).
     pub links: u8,
     /// Forwarding servers between sender and receiver (0..=4).
     pub hops: u8,
@@ -40,11 +41,98 @@ pub struct Running {
     pub to: Coord,
     /// Addresses for the kernel baselines on the first link.
     pub pair: Pair,
+    /// Links left out of every server's view (x,y,z:DIR).
+    pub down: Vec<String>,
+}
+
+/// Real interfaces to run on instead of veth pairs: two ports of this machine cabled to
+/// each other (they move into the namespaces and back).
+#[derive(Debug, Clone)]
+pub struct RealPorts {
+    /// The sender's port.
+    pub a: String,
+    /// The receiver's port.
+    pub b: String,
 }
 
 /// Builds the namespaces and links of `s` (torusd not started yet).
-pub fn build(tag: &str, s: &Setup) -> Result<Running, String> {
+pub fn build(tag: &str, s: &Setup, real: Option<&RealPorts>) -> Result<Running, String> {
     let hops = s.hops.min(4);
+    if let Some(r) = real {
+        let dims = Dims::new(2, 1, 1).map_err(|e| e.to_string())?;
+        let mut c = Cluster::new(
+            tag,
+            dims,
+            &[Coord::new(0, 0, 0), Coord::new(1, 0, 0)],
+            s.mtu,
+        );
+        c.adopt(0, &r.a, Dir::PlusX, 1, &r.b)?;
+        for (i, addr, ifname) in [(0, "10.77.0.1/24", &r.a), (1, "10.77.0.2/24", &r.b)] {
+            c.servers[i]
+                .ns
+                .ip(&["addr", "add", addr, "dev", ifname])
+                .map_err(|e| e.to_string())?;
+        }
+        let pair = Pair {
+            ns_a: c.servers[0].ns.name().to_string(),
+            ns_b: c.servers[1].ns.name().to_string(),
+            if_a: r.a.clone(),
+            if_b: r.b.clone(),
+            mtu: s.mtu,
+        };
+        return Ok(Running {
+            cluster: c,
+            tx: 0,
+            rx: 1,
+            to: Coord::new(1, 0, 0),
+            pair,
+            down: Vec::new(),
+        });
+    }
+    if s.links > 2 {
+        // A 2x2x2 torus: from 0,0,0 every one of the six links leads towards 1,1,1.
+        let dims = Dims::new(2, 2, 2).map_err(|e| e.to_string())?;
+        let coords: Vec<Coord> = dims.coords().collect();
+        let mut c = Cluster::new(tag, dims, &coords, s.mtu);
+        for (i, co) in coords.iter().enumerate() {
+            for d in [Dir::PlusX, Dir::PlusY, Dir::PlusZ] {
+                let j = dims.index(dims.neighbor(*co, d));
+                // Size 2: the + and - links of a server both go to the same neighbour.
+                if i < j {
+                    c.link(i, d, j);
+                    c.link(i, d.opposite(), j);
+                }
+            }
+        }
+        let to = Coord::new(1, 1, 1);
+        let down: Vec<String> = Dir::ALL[usize::from(s.links.min(6))..]
+            .iter()
+            .map(|d| format!("0,0,0:{d}"))
+            .collect();
+        c.servers[0]
+            .ns
+            .ip(&["addr", "add", "10.77.0.1/24", "dev", "t0px"])
+            .map_err(|e| e.to_string())?;
+        c.servers[1]
+            .ns
+            .ip(&["addr", "add", "10.77.0.2/24", "dev", "t1mx"])
+            .map_err(|e| e.to_string())?;
+        let pair = Pair {
+            ns_a: c.servers[0].ns.name().to_string(),
+            ns_b: c.servers[1].ns.name().to_string(),
+            if_a: "t0px".into(),
+            if_b: "t1mx".into(),
+            mtu: s.mtu,
+        };
+        return Ok(Running {
+            cluster: c,
+            tx: 0,
+            rx: dims.index(to),
+            to,
+            pair,
+            down,
+        });
+    }
     let (cluster, to) = if hops == 0 {
         let dims = Dims::new(2, 1, 1).map_err(|e| e.to_string())?;
         let mut c = Cluster::new(
@@ -94,6 +182,7 @@ pub fn build(tag: &str, s: &Setup) -> Result<Running, String> {
         rx,
         to,
         pair,
+        down: Vec::new(),
     })
 }
 
@@ -101,9 +190,11 @@ pub fn build(tag: &str, s: &Setup) -> Result<Running, String> {
 /// forwarding servers always adaptive (two cores hold only two busy pollers).
 pub fn start(r: &mut Running, s: &Setup) {
     let n = r.cluster.servers.len();
-    let line = s.hops > 0;
+    let mut down = r.down.clone();
+    if s.hops > 0 && s.links <= 2 {
+        down.push(format!("{},0,0:+x", n - 1));
+    }
     let (tx, rx) = (r.tx, r.rx);
-    let closing = format!("{},0,0:+x", n - 1);
     r.cluster.start_with(|i| {
         let mut t = String::new();
         if s.busy && (i == tx || i == rx) {
@@ -117,8 +208,9 @@ pub fn start(r: &mut Running, s: &Setup) {
         if !s.aggregate {
             t += "[transport]\naggregate = false\n";
         }
-        if line {
-            t += &format!("[view]\ndown_links = [\"{closing}\"]\n");
+        if !down.is_empty() {
+            let list: Vec<String> = down.iter().map(|d| format!("\"{d}\"")).collect();
+            t += &format!("[view]\ndown_links = [{}]\n", list.join(", "));
         }
         t
     });

@@ -47,6 +47,8 @@ pub struct Cluster {
     dir: PathBuf,
     mtu: u32,
     tag: String,
+    /// Real interfaces moved into the namespaces: (namespace, interface), moved back on drop.
+    adopted: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -74,6 +76,7 @@ impl Cluster {
             dir,
             mtu,
             tag,
+            adopted: Vec::new(),
         }
     }
 
@@ -84,6 +87,49 @@ impl Cluster {
         veth_pair(&self.servers[a].ns, &ia, &self.servers[b].ns, &ib, self.mtu).expect("veth");
         self.servers[a].links.push((ia.clone(), dir, b, ib.clone()));
         self.servers[b].links.push((ib, dir.opposite(), a, ia));
+    }
+
+    /// Joins server `a` (direction `dir`) to server `b` over two existing interfaces of this
+    /// machine cabled to each other (real NICs): they move into the servers' namespaces,
+    /// get the cluster's MTU, and move back to the machine's namespace when the cluster is
+    /// dropped. Their names stay as they are.
+    pub fn adopt(
+        &mut self,
+        a: usize,
+        if_a: &str,
+        dir: Dir,
+        b: usize,
+        if_b: &str,
+    ) -> Result<(), String> {
+        let run = |args: &[&str]| -> Result<(), String> {
+            let out = Command::new("ip")
+                .args(args)
+                .output()
+                .map_err(|e| e.to_string())?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        let mtu = self.mtu.to_string();
+        for (i, ifname) in [(a, if_a), (b, if_b)] {
+            let ns = self.servers[i].ns.name().to_string();
+            run(&["link", "set", ifname, "netns", &ns])?;
+            self.adopted.push((ns.clone(), ifname.to_string()));
+            run(&["-n", &ns, "link", "set", ifname, "mtu", &mtu, "up"])?;
+        }
+        self.servers[a]
+            .links
+            .push((if_a.to_string(), dir, b, if_b.to_string()));
+        self.servers[b]
+            .links
+            .push((if_b.to_string(), dir.opposite(), a, if_a.to_string()));
+        Ok(())
     }
 
     /// Writes every server's config (with `extra` TOML appended) and starts `torusd`s,
@@ -202,6 +248,16 @@ fn in_ns(ns: &str, ifname: &str) -> [u8; 6] {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // Stop everything first, then give real interfaces back before the namespaces go
+        // (deleting a namespace would move a physical NIC back anyway, but a veth would die).
+        let adopted = std::mem::take(&mut self.adopted);
+        let give_back = move || {
+            for (ns, ifname) in &adopted {
+                let _ = Command::new("ip")
+                    .args(["-n", ns, "link", "set", ifname, "netns", "1"])
+                    .status();
+            }
+        };
         for s in &mut self.servers {
             if let Some(mut c) = s.child.take() {
                 // `ip netns exec` runs torusd as its child; SIGTERM the pair, then make sure.
@@ -220,6 +276,7 @@ impl Drop for Cluster {
                 let _ = c.wait();
             }
         }
+        give_back();
         // Namespaces go with the servers (Netns drop); the temp dir with logs stays only on
         // failure, for reading.
         if !std::thread::panicking() {
