@@ -8,6 +8,7 @@ mod measure;
 mod netbench;
 mod plot;
 mod route;
+mod sim;
 mod stack;
 mod transport;
 mod transport_cost;
@@ -39,6 +40,8 @@ enum Cmd {
     Twoway(netbench::FlowArgs),
     /// The standard suite (about 2-5 minutes here), results into bench/results/.
     Suite(netbench::SuiteArgs),
+    /// Experiments on the packet-level simulator of the whole torus (same engines).
+    Sim(sim::Args),
     /// Redraw the suite's SVG charts from a results file.
     Plot {
         /// The suite's JSON results.
@@ -60,6 +63,7 @@ fn main() {
         Cmd::Oneway(a) => netbench::run_flow(&a, false),
         Cmd::Twoway(a) => netbench::run_flow(&a, true),
         Cmd::Suite(a) => netbench::run_suite(&a),
+        Cmd::Sim(a) => sim::run(&a),
         Cmd::Plot { from, out } => std::fs::read_to_string(&from)
             .map_err(|e| format!("{}: {e}", from.display()))
             .and_then(|t| serde_json::from_str(&t).map_err(|e| format!("{}: {e}", from.display())))

@@ -217,3 +217,67 @@ fn cdf_chart(r: &Value, path: &Path) -> Result<(), String> {
         .map_err(err)?;
     root.present().map_err(err)
 }
+
+/// A simple line chart of named series (x, y); `log_x` for sizes.
+pub fn xy_chart(
+    path: &Path,
+    title: &str,
+    xd: &str,
+    yd: &str,
+    series: &[(&str, Vec<(f64, f64)>)],
+    log_x: bool,
+) -> Result<(), String> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    let pts = series.iter().flat_map(|s| s.1.iter().copied());
+    let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0.1f64);
+    for (x, y) in pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y1 = y1.max(y);
+    }
+    if x0 >= x1 {
+        x1 = x0 + 1.0;
+    }
+    let colors = [BLUE, RED, RGBColor(0, 150, 0)];
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    macro_rules! draw {
+        ($c:expr) => {{
+            let mut c = $c;
+            c.configure_mesh()
+                .x_desc(xd)
+                .y_desc(yd)
+                .draw()
+                .map_err(err)?;
+            for (i, (name, s)) in series.iter().enumerate() {
+                let col = colors[i % colors.len()];
+                c.draw_series(LineSeries::new(s.clone(), col.stroke_width(2)))
+                    .map_err(err)?
+                    .label(*name)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col));
+                c.draw_series(s.iter().map(|p| Circle::new(*p, 4, col.filled())))
+                    .map_err(err)?;
+            }
+            c.configure_series_labels()
+                .border_style(BLACK)
+                .background_style(WHITE)
+                .draw()
+                .map_err(err)?;
+        }};
+    }
+    let mut cb = ChartBuilder::on(&root);
+    cb.caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(55);
+    if log_x {
+        draw!(cb
+            .build_cartesian_2d((x0 * 0.8..x1 * 1.25).log_scale(), 0f64..y1 * 1.2)
+            .map_err(err)?);
+    } else {
+        draw!(cb.build_cartesian_2d(x0..x1, 0f64..y1 * 1.2).map_err(err)?);
+    }
+    root.present().map_err(err)
+}

@@ -78,6 +78,7 @@ mod tests {
                 window: 8,
                 min_rto: Duration::from_millis(1),
                 max_rto: Duration::from_millis(10),
+                initial_rto: Duration::from_millis(2),
             },
             RecvConfig {
                 window: 8,

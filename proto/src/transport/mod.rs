@@ -129,6 +129,9 @@ pub struct Config {
     pub min_rto: Duration,
     /// Upper bound of the retransmission timeout after backoff.
     pub max_rto: Duration,
+    /// Timeout before a peer's round trip has been measured (a connection that has sent
+    /// little, behind deep queues, must not time out spuriously).
+    pub initial_rto: Duration,
     /// Link MTU: bytes after the Ethernet header (1500, or 9000 for jumbo frames).
     pub mtu: usize,
     /// Pack several small messages into one frame.
@@ -155,6 +158,7 @@ impl Default for Config {
             nack_retry_min: Duration::from_micros(20),
             min_rto: Duration::from_millis(2),
             max_rto: Duration::from_millis(200),
+            initial_rto: Duration::from_millis(20),
             mtu: 1500,
             aggregate: true,
             agg_delay: Duration::ZERO,
@@ -322,6 +326,10 @@ pub struct Transport {
     /// The latest time the driver told us about (aggregation deadlines before it are due
     /// already and wait only for link room, not for a timer).
     last_now: Time,
+    /// Connection deadlines, earliest first; an entry may be stale (the connection's timer
+    /// moved since), which only costs a look when it comes up. Scanning every connection
+    /// for every timer query cost O(peers) per frame with hundreds of peers.
+    deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(Time, Coord)>>,
 }
 
 impl Transport {
@@ -337,6 +345,7 @@ impl Transport {
             released: Vec::new(),
             stats: Stats::default(),
             last_now: Time::ZERO,
+            deadlines: std::collections::BinaryHeap::new(),
         }
     }
 
@@ -439,6 +448,7 @@ impl Transport {
                 window: self.cfg.window,
                 min_rto: self.cfg.min_rto,
                 max_rto: self.cfg.max_rto,
+                initial_rto: self.cfg.initial_rto,
             },
             RecvConfig {
                 window: self.cfg.window,
@@ -542,6 +552,7 @@ impl Transport {
                 reliable: true,
             });
         }
+        self.note(h.src);
         result
     }
 
@@ -625,18 +636,28 @@ impl Transport {
 
     // ---- timers ----
 
-    /// The next time [`Transport::handle_timeout`] must be called, if any.
+    /// Records `peer`'s current deadline (after anything that may have moved it).
+    fn note(&mut self, peer: Coord) {
+        if let Some(c) = self.conns.get(&peer) {
+            let t = match (c.send.poll_timeout(), c.recv.poll_timeout()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if let Some(t) = t {
+                self.deadlines.push(std::cmp::Reverse((t, peer)));
+            }
+        }
+    }
+
+    /// The next time [`Transport::handle_timeout`] must be called, if any (possibly early:
+    /// a stale deadline makes a call that finds nothing to do).
     pub fn poll_timeout(&self) -> Option<Time> {
-        let mut t: Option<Time> = None;
+        let mut t: Option<Time> = self.deadlines.peek().map(|r| r.0 .0);
         let mut fold = |x: Option<Time>| {
             if let Some(x) = x {
                 t = Some(t.map_or(x, |t| t.min(x)));
             }
         };
-        for c in self.conns.values() {
-            fold(c.send.poll_timeout());
-            fold(c.recv.poll_timeout());
-        }
         if !self.cfg.agg_delay.is_zero() {
             for i in 0..self.queues.services() {
                 let due = self
@@ -653,13 +674,26 @@ impl Transport {
     /// Runs the timers due at `now`: retransmission timeouts, delayed ACKs, NACK retries.
     pub fn handle_timeout(&mut self, now: Time) {
         self.last_now = self.last_now.max(now);
-        for (peer, c) in self.conns.iter_mut() {
-            c.send.on_timeout(now);
-            let needs = c.send.has_retransmit() || c.recv.ack_due(now) || c.recv.nack_due(now);
-            if needs && !c.urgent {
-                c.urgent = true;
-                self.urgent.push_back(*peer);
+        let mut due = Vec::new();
+        while let Some(std::cmp::Reverse((t, peer))) = self.deadlines.peek().copied() {
+            if t > now {
+                break;
             }
+            self.deadlines.pop();
+            if !due.contains(&peer) {
+                due.push(peer);
+            }
+        }
+        for peer in due {
+            if let Some(c) = self.conns.get_mut(&peer) {
+                c.send.on_timeout(now);
+                let needs = c.send.has_retransmit() || c.recv.ack_due(now) || c.recv.nack_due(now);
+                if needs && !c.urgent {
+                    c.urgent = true;
+                    self.urgent.push_back(peer);
+                }
+            }
+            self.note(peer);
         }
     }
 
@@ -755,6 +789,7 @@ impl Transport {
             } else {
                 c.urgent = false;
             }
+            self.note(peer);
             return Some(t);
         }
         None
@@ -767,8 +802,10 @@ impl Transport {
         paths: &impl Paths,
         buf: &mut [u8],
     ) -> Option<Transmit> {
-        let order: Vec<usize> = self.queues.order().collect();
-        for qi in order {
+        let n = self.queues.services();
+        let start = self.queues.order().next().unwrap_or(0);
+        for k in 0..n {
+            let qi = (start + k) % n.max(1);
             let Some(head) = self.queues.queue(qi).head().copied() else {
                 continue;
             };
@@ -801,6 +838,7 @@ impl Transport {
                 &mut self.stats,
             );
             self.queues.used_turn(qi);
+            self.note(head.dest);
             return Some(t);
         }
         None

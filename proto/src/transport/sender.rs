@@ -17,6 +17,8 @@ pub struct SendConfig {
     pub min_rto: Duration,
     /// Upper bound of the retransmission timeout (after backoff).
     pub max_rto: Duration,
+    /// Timeout before any round trip has been measured.
+    pub initial_rto: Duration,
 }
 
 /// A frame in flight.
@@ -109,7 +111,7 @@ impl SendWindow {
     pub fn rto(&self) -> Duration {
         let base = match self.srtt {
             Some(s) => s + 4 * self.rttvar,
-            None => self.cfg.min_rto * 2,
+            None => self.cfg.initial_rto,
         };
         let base = base.clamp(self.cfg.min_rto, self.cfg.max_rto);
         (base * (1u32 << self.backoff.min(6))).min(self.cfg.max_rto)
@@ -286,6 +288,7 @@ mod tests {
             window: 4,
             min_rto: Duration::from_millis(1),
             max_rto: Duration::from_millis(100),
+            initial_rto: Duration::from_millis(2),
         })
     }
 

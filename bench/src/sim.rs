@@ -1,0 +1,503 @@
+//! `torus-bench sim`: experiments on the packet-level simulator (proto/src/sim.rs), which
+//! runs the project's own engines: all-to-all throughput against torus size and against
+//! failed servers, and key-routed traffic under churn checked by an oracle.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::json;
+use torusnet_proto::keyspace;
+use torusnet_proto::node::{Event, MsgOptions, Target};
+use torusnet_proto::rng::SplitMix64;
+use torusnet_proto::sim::{all_to_all_bound, Sim, SimConfig};
+use torusnet_proto::time::Time;
+use torusnet_proto::topology::Dims;
+use torusnet_proto::transport::{Config, SendError};
+
+/// Options of `torus-bench sim`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    exp: Exp,
+}
+
+#[derive(clap::Subcommand)]
+enum Exp {
+    /// All-to-all throughput per server against torus size, with the analytic bound.
+    Alltoall {
+        /// Tori to simulate (k for k x k x k), comma-separated.
+        #[arg(long, default_value = "3,4,6,8")]
+        sizes: String,
+        /// Simulated milliseconds per torus (after 20% warm-up).
+        #[arg(long, default_value_t = 20.0)]
+        ms: f64,
+        #[command(flatten)]
+        out: Out,
+    },
+    /// All-to-all throughput at one size with 0..N% of servers failed at random.
+    Failures {
+        /// Torus size k (k x k x k).
+        #[arg(long, default_value_t = 8)]
+        k: u16,
+        /// Failure percentages, comma-separated.
+        #[arg(long, default_value = "0,5,10,15,20")]
+        percent: String,
+        /// Simulated milliseconds per point.
+        #[arg(long, default_value_t = 20.0)]
+        ms: f64,
+        #[command(flatten)]
+        out: Out,
+    },
+    /// Key-routed messages under churn: servers fail and rejoin; an oracle checks where
+    /// every message landed.
+    Churn {
+        /// Torus size k (k x k x k).
+        #[arg(long, default_value_t = 8)]
+        k: u16,
+        /// Fraction of servers down at any time, percent.
+        #[arg(long, default_value_t = 10.0)]
+        down: f64,
+        /// Failures per second (each failed server rejoins when another fails).
+        #[arg(long, default_value_t = 2.0)]
+        rate: f64,
+        /// Messages per server per second to random keys.
+        #[arg(long, default_value_t = 1000.0)]
+        msgs: f64,
+        /// Simulated seconds.
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Failure detection delay (K hellos), ms.
+        #[arg(long, default_value_t = 300.0)]
+        detect_ms: f64,
+        #[command(flatten)]
+        out: Out,
+    },
+}
+
+#[derive(clap::Args)]
+struct Out {
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG chart into this directory.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn cfg(k: u16) -> Result<SimConfig, String> {
+    Ok(SimConfig {
+        dims: Dims::new(k, k, k).map_err(|e| e.to_string())?,
+        rate_bps: 1_000_000_000,
+        delay: Duration::from_micros(1),
+        queue_frames: 32,
+        transport: Config {
+            mtu: 9000,
+            queue_bytes: 256 << 10,
+            ..Config::default()
+        },
+    })
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Point {
+    servers: u64,
+    failed_pct: f64,
+    per_server_gbps: f64,
+    bound_gbps: f64,
+    fraction_of_bound: f64,
+    events: u64,
+    events_per_s: f64,
+    wall_s: f64,
+    memory_per_server_kib: f64,
+    dropped_no_room: u64,
+    dropped_engine: u64,
+    retransmitted_frames: u64,
+    data_frames: u64,
+}
+
+fn rss_kib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// All-to-all at torus size k with `fail` of the servers down: per-server throughput.
+fn alltoall(k: u16, fail_pct: f64, ms: f64, seed: u64) -> Result<Point, String> {
+    let rss0 = rss_kib();
+    let c = cfg(k)?;
+    let t0 = Instant::now();
+    let mut sim = Sim::new(c)?;
+    let dims = sim.dims();
+    let n = dims.count() as usize;
+    let mut rng = SplitMix64::new(seed);
+    let mut down = vec![false; n];
+    let nfail = ((n as f64) * fail_pct / 100.0).round() as usize;
+    while down.iter().filter(|d| **d).count() < nfail {
+        let i = rng.below(n as u64) as usize;
+        if !down[i] {
+            down[i] = true;
+            sim.set_server(dims.coord(i), false);
+        }
+    }
+    let live: Vec<usize> = (0..n).filter(|i| !down[*i]).collect();
+    let msg = vec![0x5a_u8; 8192];
+    let opts = MsgOptions {
+        reliable: true,
+        ..MsgOptions::default()
+    };
+    let mut next_dst = vec![0usize; n];
+    let total = Duration::from_secs_f64(ms / 1000.0);
+    let warm = total / 5;
+    let tick = Duration::from_micros(100);
+    let mut delivered_bytes = 0u64;
+    let mut t = Time::ZERO;
+    while t < Time::ZERO + total {
+        for &i in &live {
+            // Keep each server's queue full, destinations in turn (every other live server).
+            for _ in 0..64 {
+                let d = live[next_dst[i] % live.len()];
+                if d == i {
+                    next_dst[i] += 1;
+                    continue;
+                }
+                match sim.send(i, Target::Server(dims.coord(d)), 9, &msg, opts) {
+                    Ok(()) => next_dst[i] += 1,
+                    Err(SendError::WouldBlock) => break,
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        }
+        t = t + tick;
+        let measuring = |at: Time| at >= Time::ZERO + warm;
+        sim.run_until(t, |at, _, e| {
+            if let Event::Message { data, .. } = e {
+                if measuring(at) {
+                    delivered_bytes += data.len() as u64;
+                }
+            }
+        });
+    }
+    let secs = (total - warm).as_secs_f64();
+    let per = delivered_bytes as f64 * 8.0 / secs / live.len() as f64 / 1e9;
+    let wall = t0.elapsed().as_secs_f64();
+    let st = sim.stats();
+    let bound = all_to_all_bound(dims, c.rate_bps) / 1e9;
+    Ok(Point {
+        servers: n as u64,
+        failed_pct: fail_pct,
+        per_server_gbps: per,
+        bound_gbps: bound,
+        fraction_of_bound: per / bound.max(1e-9),
+        events: st.events,
+        events_per_s: st.events as f64 / wall.max(1e-9),
+        wall_s: wall,
+        memory_per_server_kib: (rss_kib() - rss0).max(0.0) / n as f64,
+        dropped_no_room: st.dropped_no_room,
+        dropped_engine: st.dropped_engine,
+        retransmitted_frames: (0..n)
+            .map(|i| sim.node(i).transport_stats().retransmitted_frames)
+            .sum(),
+        data_frames: (0..n)
+            .map(|i| sim.node(i).transport_stats().data_frames)
+            .sum(),
+    })
+}
+
+#[derive(Debug, Serialize)]
+struct ChurnReport {
+    servers: u64,
+    down_pct: f64,
+    failures_per_s: f64,
+    messages_per_server_per_s: f64,
+    sent: u64,
+    delivered: u64,
+    dropped: u64,
+    dropped_pct: f64,
+    misdelivered: u64,
+    wall_s: f64,
+}
+
+/// Key-routed short messages under churn. The oracle: a message delivered at server s for
+/// key k is misdelivered unless s was k's root (GetServersForKey's first reachable entry) in
+/// the view in force at delivery time; a message never delivered is dropped.
+fn churn(
+    k: u16,
+    down_pct: f64,
+    rate: f64,
+    msgs: f64,
+    seconds: f64,
+    detect_ms: f64,
+    seed: u64,
+) -> Result<ChurnReport, String> {
+    let c = cfg(k)?;
+    let t0 = Instant::now();
+    let mut sim = Sim::new(c)?;
+    let dims = sim.dims();
+    let n = dims.count() as usize;
+    let mut rng = SplitMix64::new(seed);
+    let ndown = ((n as f64) * down_pct / 100.0).round() as usize;
+    let mut downs: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+    while downs.len() < ndown {
+        let i = rng.below(n as u64) as usize;
+        if !downs.contains(&i) {
+            downs.push_back(i);
+            sim.set_server(dims.coord(i), false);
+        }
+    }
+    // Servers that have failed but whose failure the others have not detected yet: they are
+    // dead (frames to them are lost) but still in everyone's view until detection.
+    let mut pending: Vec<(Time, usize)> = Vec::new();
+    let tick = Duration::from_micros(500);
+    let per_tick = msgs * tick.as_secs_f64();
+    let mut carry = vec![0.0f64; n];
+    let (mut sent, mut delivered, mut wrong) = (0u64, 0u64, 0u64);
+    let mut next_fail = Time::ZERO + Duration::from_secs_f64(1.0 / rate.max(1e-9));
+    let end = Time::ZERO + Duration::from_secs_f64(seconds);
+    let mut t = Time::ZERO;
+    let mut dead = vec![false; n];
+    for &d in &downs {
+        dead[d] = true;
+    }
+    while t < end {
+        // Churn: a live server dies (detected after `detect_ms`); the longest-down rejoins.
+        if t >= next_fail {
+            let victim = loop {
+                let i = rng.below(n as u64) as usize;
+                if !dead[i] {
+                    break i;
+                }
+            };
+            dead[victim] = true;
+            sim.crash(dims.coord(victim));
+            pending.push((t + Duration::from_secs_f64(detect_ms / 1000.0), victim));
+            if let Some(back) = downs.pop_front() {
+                dead[back] = false;
+                sim.set_server(dims.coord(back), true);
+            }
+            next_fail = next_fail + Duration::from_secs_f64(1.0 / rate.max(1e-9));
+        }
+        pending.retain(|(at, v)| {
+            if *at <= t {
+                sim.set_server(dims.coord(*v), false);
+                downs.push_back(*v);
+                false
+            } else {
+                true
+            }
+        });
+        for i in 0..n {
+            if dead[i] || !sim.is_up(i) {
+                continue;
+            }
+            carry[i] += per_tick;
+            while carry[i] >= 1.0 {
+                carry[i] -= 1.0;
+                let key = rng.next_u64();
+                if sim
+                    .send(
+                        i,
+                        Target::Key(key),
+                        4,
+                        &key.to_be_bytes(),
+                        MsgOptions::default(),
+                    )
+                    .is_ok()
+                {
+                    sent += 1;
+                }
+            }
+        }
+        t = t + tick;
+        let view = sim.view().clone();
+        sim.run_until(t, |_, at_server, e| {
+            if let Event::Message { key: Some(key), .. } = e {
+                delivered += 1;
+                let root = keyspace::root(dims, key, |c| view.is_up(c));
+                if root != Some(dims.coord(at_server)) {
+                    wrong += 1;
+                }
+            }
+        });
+    }
+    // Let the last messages arrive.
+    let view = sim.view().clone();
+    sim.run_until(t + Duration::from_millis(5), |_, at_server, e| {
+        if let Event::Message { key: Some(key), .. } = e {
+            delivered += 1;
+            if keyspace::root(dims, key, |c| view.is_up(c)) != Some(dims.coord(at_server)) {
+                wrong += 1;
+            }
+        }
+    });
+    let dropped = sent.saturating_sub(delivered);
+    Ok(ChurnReport {
+        servers: n as u64,
+        down_pct,
+        failures_per_s: rate,
+        messages_per_server_per_s: msgs,
+        sent,
+        delivered,
+        dropped,
+        dropped_pct: 100.0 * dropped as f64 / sent.max(1) as f64,
+        misdelivered: wrong,
+        wall_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+fn list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, String> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<T>()
+                .map_err(|_| format!("bad list item {x:?}"))
+        })
+        .collect()
+}
+
+/// Runs one experiment.
+pub fn run(a: &Args) -> Result<(), String> {
+    match &a.exp {
+        Exp::Alltoall { sizes, ms, out } => {
+            let mut pts = Vec::new();
+            for k in list::<u16>(sizes)? {
+                let p = alltoall(k, 0.0, *ms, out.seed)?;
+                if !out.json {
+                    println!(
+                        "{:>5} servers: {:.3} Gb/s per server (bound {:.3}, {:.0}%), {} events in {:.1} s = {:.2} M events/s, {:.0} KiB/server",
+                        p.servers, p.per_server_gbps, p.bound_gbps, 100.0 * p.fraction_of_bound, p.events, p.wall_s, p.events_per_s / 1e6, p.memory_per_server_kib
+                    );
+                }
+                pts.push(p);
+            }
+            if out.json {
+                println!(
+                    "{}",
+                    json!({"experiment": "alltoall", "simulated_ms": ms, "points": pts})
+                );
+            }
+            if let Some(dir) = &out.plot {
+                crate::plot::xy_chart(
+                    &dir.join("sim-alltoall.svg"),
+                    "All-to-all throughput per server vs torus size (1 Gb/s links)",
+                    "servers",
+                    "Gb/s per server",
+                    &[
+                        (
+                            "simulated",
+                            pts.iter()
+                                .map(|p| (p.servers as f64, p.per_server_gbps))
+                                .collect(),
+                        ),
+                        (
+                            "analytic bound",
+                            pts.iter()
+                                .map(|p| (p.servers as f64, p.bound_gbps))
+                                .collect(),
+                        ),
+                    ],
+                    true,
+                )?;
+            }
+        }
+        Exp::Failures {
+            k,
+            percent,
+            ms,
+            out,
+        } => {
+            let mut pts = Vec::new();
+            for f in list::<f64>(percent)? {
+                let p = alltoall(*k, f, *ms, out.seed)?;
+                if !out.json {
+                    println!(
+                        "{:>4.0}% failed: {:.3} Gb/s per live server",
+                        f, p.per_server_gbps
+                    );
+                }
+                pts.push(p);
+            }
+            let base = pts.first().map_or(1.0, |p| p.per_server_gbps.max(1e-9));
+            if out.json {
+                println!(
+                    "{}",
+                    json!({"experiment": "failures", "servers": u64::from(*k).pow(3), "points": pts, "relative": pts.iter().map(|p| p.per_server_gbps / base).collect::<Vec<_>>()})
+                );
+            } else if let Some(p) = pts.last() {
+                println!(
+                    "throughput at {:.0}% failed = {:.0}% of no failures",
+                    p.failed_pct,
+                    100.0 * p.per_server_gbps / base
+                );
+            }
+            if let Some(dir) = &out.plot {
+                crate::plot::xy_chart(
+                    &dir.join("sim-failures.svg"),
+                    "All-to-all throughput vs failed servers",
+                    "failed servers (%)",
+                    "Gb/s per live server",
+                    &[(
+                        "simulated",
+                        pts.iter()
+                            .map(|p| (p.failed_pct, p.per_server_gbps))
+                            .collect(),
+                    )],
+                    false,
+                )?;
+            }
+        }
+        Exp::Churn {
+            k,
+            down,
+            rate,
+            msgs,
+            seconds,
+            detect_ms,
+            out,
+        } => {
+            let r = churn(*k, *down, *rate, *msgs, *seconds, *detect_ms, out.seed)?;
+            if out.json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+            } else {
+                println!(
+                    "{} servers, {:.0}% down, {} failures/s, {} msg/s each: sent {}, delivered {}, dropped {} ({:.3}%), misdelivered {} ({:.1} s)",
+                    r.servers, r.down_pct, r.failures_per_s, r.messages_per_server_per_s, r.sent, r.delivered, r.dropped, r.dropped_pct, r.misdelivered, r.wall_s
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn churn_misdelivers_nothing() {
+        // 64 servers, 10% down, 8 failures per simulated second, 300 ms detection.
+        let r = churn(4, 10.0, 8.0, 1000.0, 1.0, 300.0, 3).unwrap();
+        assert!(r.sent > 50_000);
+        assert_eq!(r.misdelivered, 0, "{r:?}");
+        assert!(
+            r.dropped > 0,
+            "messages sent to a crashed, undetected root are lost"
+        );
+        // Each failure loses its keys for the detection delay: 8 x 0.3 s x 1/64 of the keys.
+        assert!(r.dropped_pct < 15.0, "{r:?}");
+    }
+
+    #[test]
+    fn small_torus_reaches_the_analytic_bound() {
+        let p = alltoall(3, 0.0, 20.0, 1).unwrap();
+        assert!(p.fraction_of_bound > 0.9, "{p:?}");
+        assert!(p.fraction_of_bound < 1.02, "{p:?}");
+    }
+}
