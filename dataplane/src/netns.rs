@@ -93,9 +93,8 @@ pub fn veth_pair(na: &Netns, a: &str, nb: &Netns, b: &str, mtu: u32) -> io::Resu
     Ok(())
 }
 
-/// The MAC address of interface `ifname` in the calling thread's network namespace (by
-/// ioctl, since /sys shows the namespace sysfs was mounted in, not the thread's).
-pub fn mac_of(ifname: &str) -> io::Result<[u8; 6]> {
+/// A datagram socket and an `ifreq` naming `ifname`, for interface ioctls.
+fn ifreq_for(ifname: &str) -> io::Result<(std::os::fd::OwnedFd, libc::ifreq)> {
     if ifname.len() >= libc::IFNAMSIZ {
         return Err(io::Error::other(format!(
             "interface name {ifname:?} is too long"
@@ -113,6 +112,13 @@ pub fn mac_of(ifname: &str) -> io::Result<[u8; 6]> {
     for (d, s) in req.ifr_name.iter_mut().zip(ifname.bytes()) {
         *d = s as libc::c_char;
     }
+    Ok((fd, req))
+}
+
+/// The MAC address of interface `ifname` in the calling thread's network namespace (by
+/// ioctl, since /sys shows the namespace sysfs was mounted in, not the thread's).
+pub fn mac_of(ifname: &str) -> io::Result<[u8; 6]> {
+    let (fd, mut req) = ifreq_for(ifname)?;
     // SAFETY: SIOCGIFHWADDR fills req.ifr_ifru with the hardware address.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) };
     if r < 0 {
@@ -165,27 +171,11 @@ pub fn rx_queues(ifname: &str) -> io::Result<Option<u32>> {
         other_count: u32,
         combined_count: u32,
     }
-    if ifname.len() >= libc::IFNAMSIZ {
-        return Err(io::Error::other(format!(
-            "interface name {ifname:?} is too long"
-        )));
-    }
-    // SAFETY: a throwaway datagram socket for the ioctl.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is ours.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let (fd, mut req) = ifreq_for(ifname)?;
     let mut ch = Channels {
         cmd: 0x3c,
         ..Channels::default()
     };
-    // SAFETY: ifreq is plain data.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(ifname.bytes()) {
-        *d = s as libc::c_char;
-    }
     req.ifr_ifru.ifru_data = (&mut ch as *mut Channels).cast();
     // SAFETY: SIOCETHTOOL with ETHTOOL_GCHANNELS fills `ch`, which outlives the call.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut req) };

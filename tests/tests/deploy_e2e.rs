@@ -53,9 +53,18 @@ fn doctor_passes_in_the_torus_and_names_each_broken_setting() {
     let _down = Down("tdoc");
     script(&["up", "3x3x3", "--prefix", "tdoc"]);
     script(&["start", "--prefix", "tdoc"]);
-    std::thread::sleep(std::time::Duration::from_secs(3));
     let (ns, file) = ("tdoc-1-0-2", "/run/torusnet/tdoc/1-0-2.toml");
-    let (code, out) = doctor(ns, file, "");
+    // Wait for the control plane: the doctor reads the neighbours from it.
+    let t0 = std::time::Instant::now();
+    let (code, out) = loop {
+        let (code, out) = doctor(ns, file, "");
+        if (code == 0 && out.contains("node 20 at 2,0,2"))
+            || t0.elapsed() > std::time::Duration::from_secs(20)
+        {
+            break (code, out);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    };
     assert_eq!(code, 0, "doctor passes in a torus namespace:\n{out}");
     assert!(out.contains("0 failed"), "{out}");
     assert!(
