@@ -156,6 +156,11 @@ impl SendWindow {
         if cum > self.next {
             return None;
         }
+        if cum < self.una {
+            // Overtaken by a newer ack (acks striped over several links reorder): its
+            // selective bits and gap report are older than what we already know.
+            return Some(0);
+        }
         let mut retired = 0;
         // Karn's rule, widened: no sample when any retired frame was retransmitted or had
         // been selectively acked already, since then the ACK waited for a repaired gap and
@@ -328,6 +333,19 @@ mod tests {
         // A second NACK right away does not resend them again.
         w.on_ack(ms(5), 0, Some(0b101), true);
         assert!(!w.has_retransmit());
+    }
+
+    #[test]
+    fn stale_ack_overtaken_by_a_newer_one_is_ignored() {
+        let mut w = win();
+        for _ in 0..4 {
+            w.on_sent(ms(0), vec![0]);
+        }
+        assert_eq!(w.on_ack(ms(1), 3, None, false), Some(3));
+        // An older ack (cum 1, gap report, selective bits) arrives late over another link.
+        assert_eq!(w.on_ack(ms(2), 1, Some(0b11), true), Some(0));
+        assert!(!w.has_retransmit());
+        assert_eq!(w.in_flight(), 1);
     }
 
     #[test]
