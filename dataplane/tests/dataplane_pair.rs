@@ -101,8 +101,20 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
         }
     }
     sender.join().unwrap();
-    let sa = a.status();
-    let sb = b.status();
+    // Status snapshots are published periodically, so counters may lag the
+    // last delivery; wait (bounded) for snapshots that reflect the loss and its repair.
+    let (mut sa, mut sb) = (a.status(), b.status());
+    let dropped = |sb: &torusnet_dataplane::runtime::Status| -> u64 {
+        sb.links.iter().map(|l| l.xdp.fault_dropped).sum()
+    };
+    let settle = Instant::now() + Duration::from_secs(3);
+    while fault > 0.0
+        && (sa.engine.transport.retransmitted_frames == 0 || dropped(&sb) == 0)
+        && Instant::now() < settle
+    {
+        std::thread::sleep(Duration::from_millis(50));
+        (sa, sb) = (a.status(), b.status());
+    }
     assert_eq!(seen.len() as u64, messages, "A: {sa:#?}\nB: {sb:#?}");
     if two_links {
         assert!(
@@ -111,9 +123,14 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
         );
     }
     if fault > 0.0 {
-        let dropped: u64 = sb.links.iter().map(|l| l.xdp.fault_dropped).sum();
-        assert!(dropped > 0, "fault injection dropped frames in the kernel");
-        assert!(sa.engine.transport.retransmitted_frames > 0);
+        assert!(
+            dropped(&sb) > 0,
+            "fault injection dropped frames in the kernel: {sb:#?}"
+        );
+        assert!(
+            sa.engine.transport.retransmitted_frames > 0,
+            "lost frames were recovered by retransmission: {sa:#?}"
+        );
     }
     a.shutdown().unwrap();
     b.shutdown().unwrap();
