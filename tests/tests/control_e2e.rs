@@ -312,13 +312,16 @@ fn control_process_restart_does_not_disturb_traffic() {
     }
     let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/torusctl");
     let log = std::fs::File::create("/run/torusnet/tcr/1-1-0-control2.log").unwrap();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns])
-        .arg(bin)
-        .args(["daemon", "--config", "/run/torusnet/tcr/1-1-0.toml"])
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    // Killed on drop, so a failing assertion below does not leave it running.
+    let _child = KillOnDrop(
+        Command::new("ip")
+            .args(["netns", "exec", &ns])
+            .arg(bin)
+            .args(["daemon", "--config", "/run/torusnet/tcr/1-1-0.toml"])
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
     let r = bench.join().unwrap();
     let rx = &r["receiver"];
     assert_eq!(rx["delivered"], r["messages"], "{r}");
@@ -353,6 +356,14 @@ fn control_process_restart_does_not_disturb_traffic() {
         "torusd was not restarted"
     );
     eprintln!("bench while 1,1,0's control process restarted: {r}");
-    let _ = child.kill();
-    let _ = child.wait();
+}
+
+/// A child process that is killed and reaped when the test ends, also by a panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
