@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{json, Value};
-use torusnet_dataplane::cluster::Cluster;
+use torusnet_dataplane::cluster::{self, Cluster};
 use torusnet_proto::topology::{Coord, Dims, Dir};
 
 use crate::baseline::Pair;
@@ -284,17 +284,8 @@ pub fn transfer(
     let back = if two_way {
         let sock = r.cluster.servers[rx].socket.clone();
         let q = req(from);
-        Some(std::thread::spawn(move || -> Result<Value, String> {
-            use std::io::{BufRead, BufReader, Write};
-            let mut s = std::os::unix::net::UnixStream::connect(sock).map_err(|e| e.to_string())?;
-            s.set_read_timeout(Some(Duration::from_secs(600)))
-                .map_err(|e| e.to_string())?;
-            writeln!(s, "{q}").map_err(|e| e.to_string())?;
-            let mut line = String::new();
-            BufReader::new(&s)
-                .read_line(&mut line)
-                .map_err(|e| e.to_string())?;
-            serde_json::from_str(&line).map_err(|e| e.to_string())
+        Some(std::thread::spawn(move || {
+            cluster::request(&sock, &q, Duration::from_secs(600))
         }))
     } else {
         None

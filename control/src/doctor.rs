@@ -190,14 +190,8 @@ const NATIVE_XDP: &[&str] = &[
 
 /// The control process's view of the links (for neighbour checks), if it runs.
 fn control_status(path: &Path) -> Option<Value> {
-    use std::io::{BufRead, BufReader, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(path).ok()?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
-        .ok()?;
-    writeln!(s, "{}", serde_json::json!({"cmd": "status"})).ok()?;
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).ok()?;
-    serde_json::from_str(&line).ok()
+    let req = serde_json::json!({"cmd": "status"});
+    crate::dpclient::request(path, &req, std::time::Duration::from_secs(2)).ok()
 }
 
 /// Runs every check for `node`.

@@ -24,6 +24,24 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// Sends one request to a daemon's management socket (one JSON object per line) and waits
+/// up to `timeout` for its answer; an answer carrying `error` is an `Err`.
+pub fn request(socket: &Path, req: &Value, timeout: Duration) -> Result<Value, String> {
+    let mut s = UnixStream::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    writeln!(s, "{req}").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_str(&line).map_err(|e| e.to_string())?;
+    match v.get("error") {
+        Some(e) => Err(e.to_string()),
+        None => Ok(v),
+    }
+}
+
 /// One server of a test cluster.
 pub struct Server {
     /// Its coordinate.
@@ -203,19 +221,7 @@ impl Cluster {
 
     /// Sends one management request to server `i`.
     pub fn ctl(&self, i: usize, req: &Value) -> Result<Value, String> {
-        let mut s = UnixStream::connect(&self.servers[i].socket).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_secs(900)))
-            .map_err(|e| e.to_string())?;
-        writeln!(s, "{req}").map_err(|e| e.to_string())?;
-        let mut line = String::new();
-        BufReader::new(&s)
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
-        let v: Value = serde_json::from_str(&line).map_err(|e| e.to_string())?;
-        match v.get("error") {
-            Some(e) => Err(e.to_string()),
-            None => Ok(v),
-        }
+        request(&self.servers[i].socket, req, Duration::from_secs(900))
     }
 
     /// Server `i`'s torusd process id, while it runs.

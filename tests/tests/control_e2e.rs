@@ -3,94 +3,12 @@
 //! wiring plan alone, a miswired cable reported precisely, and a link cut plus a server kill
 //! detected in every view, measured, with traffic flowing around them. Needs root.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-
-struct Torus {
-    prefix: String,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns-torus.sh")
-}
-
-impl Torus {
-    fn up(prefix: &str, dims: &str) -> Torus {
-        let ok = Command::new("bash")
-            .arg(script())
-            .args(["up", dims, "--prefix", prefix])
-            .status()
-            .expect("run netns-torus.sh");
-        assert!(ok.success(), "netns-torus.sh up failed");
-        Torus {
-            prefix: prefix.to_string(),
-        }
-    }
-
-    fn start(&self) {
-        let ok = Command::new("bash")
-            .arg(script())
-            .args(["start", "--prefix", &self.prefix])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
-
-    fn ns(&self, c: &str) -> String {
-        format!("{}-{}", self.prefix, c.replace(',', "-"))
-    }
-
-    fn sock(&self, c: &str, control: bool) -> PathBuf {
-        let base = c.replace(',', "-");
-        PathBuf::from(format!(
-            "/run/torusnet/{}/{base}{}.sock",
-            self.prefix,
-            if control { "-control" } else { "" }
-        ))
-    }
-
-    fn ask(&self, c: &str, control: bool, req: &Value) -> Option<Value> {
-        use std::io::{BufRead, BufReader, Write};
-        let mut s = std::os::unix::net::UnixStream::connect(self.sock(c, control)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(600))).ok()?;
-        writeln!(s, "{req}").ok()?;
-        let mut line = String::new();
-        BufReader::new(&s).read_line(&mut line).ok()?;
-        serde_json::from_str(&line).ok()
-    }
-
-    fn control(&self, c: &str) -> Option<Value> {
-        self.ask(c, true, &json!({"cmd": "status"}))
-    }
-
-    fn ip(&self, args: &[&str]) {
-        let ok = Command::new("ip").args(args).status().unwrap();
-        assert!(ok.success(), "ip {args:?}");
-    }
-
-    /// Kills every process in a server's namespace (both of its daemons).
-    fn kill(&self, c: &str) {
-        let out = Command::new("ip")
-            .args(["netns", "pids", &self.ns(c)])
-            .output()
-            .unwrap();
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = Command::new("kill").args(["-KILL", pid]).status();
-        }
-    }
-}
-
-impl Drop for Torus {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(script())
-            .args(["down", "--prefix", &self.prefix])
-            .status();
-    }
-}
+use torusnet_dataplane::cluster::request;
+use torusnet_e2e::{ip, Torus};
 
 fn all() -> Vec<String> {
     let mut v = Vec::new();
@@ -130,9 +48,9 @@ fn coordinates_from_the_wiring_plan_and_a_miswired_cable() {
     let t = Torus::up("tcw", "3x3x3");
     // Swap two cables at 1,0,0: the one from 0,0,0's +x goes into its +y port (instead of
     // -x), and the one from 1,1,0's -y into its -x port (instead of +y).
-    t.ip(&["-n", &t.ns("0,0,0"), "link", "del", "px"]);
-    t.ip(&["-n", &t.ns("1,1,0"), "link", "del", "my"]);
-    t.ip(&[
+    ip(&["-n", &t.ns("0,0,0"), "link", "del", "px"]);
+    ip(&["-n", &t.ns("1,1,0"), "link", "del", "my"]);
+    ip(&[
         "-n",
         &t.ns("0,0,0"),
         "link",
@@ -146,7 +64,7 @@ fn coordinates_from_the_wiring_plan_and_a_miswired_cable() {
         "netns",
         &t.ns("1,0,0"),
     ]);
-    t.ip(&[
+    ip(&[
         "-n",
         &t.ns("1,1,0"),
         "link",
@@ -166,7 +84,7 @@ fn coordinates_from_the_wiring_plan_and_a_miswired_cable() {
         ("1,1,0", "my"),
         ("1,0,0", "mx"),
     ] {
-        t.ip(&["-n", &t.ns(c), "link", "set", i, "up"]);
+        ip(&["-n", &t.ns(c), "link", "set", i, "up"]);
     }
     t.start();
     let took = wait_all(&t, &[], Duration::from_secs(30), |c, v| {
@@ -212,19 +130,13 @@ fn link_cut_and_server_kill_converge_and_traffic_goes_around() {
     // Traffic from 0,0,0 to 2,2,2 (3 hops, six shortest paths) while things break.
     let sock = t.sock("0,0,0", false);
     let bench = std::thread::spawn(move || {
-        use std::io::{BufRead, BufReader, Write};
-        let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
         let req = json!({"cmd": "bench", "to": "2,2,2", "bytes": 60_000_000u64, "size": 4000, "fence_every": 20});
-        writeln!(s, "{req}").unwrap();
-        let mut line = String::new();
-        BufReader::new(&s).read_line(&mut line).unwrap();
-        serde_json::from_str::<Value>(&line).unwrap()
+        request(&sock, &req, Duration::from_secs(300)).expect("bench")
     });
     std::thread::sleep(Duration::from_millis(300));
 
     // Cut a link next to the sender: 0,0,0's +z.
-    t.ip(&["-n", &t.ns("0,0,0"), "link", "set", "pz", "down"]);
+    ip(&["-n", &t.ns("0,0,0"), "link", "set", "pz", "down"]);
     let t_link = wait_all(&t, &[], Duration::from_secs(10), |_, v| link_down(v));
     // Kill a server on the way: 1,1,1 (both daemons).
     t.kill("1,1,1");
@@ -289,13 +201,8 @@ fn control_process_restart_does_not_disturb_traffic() {
     let dp_before = t.ask("1,1,0", false, &json!({"cmd": "status"})).unwrap();
     let sock = t.sock("0,0,0", false);
     let bench = std::thread::spawn(move || {
-        use std::io::{BufRead, BufReader, Write};
-        let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-        writeln!(s, "{}", json!({"cmd": "bench", "to": "2,2,0", "bytes": 40_000_000u64, "size": 4000, "fence_every": 20})).unwrap();
-        let mut line = String::new();
-        BufReader::new(&s).read_line(&mut line).unwrap();
-        serde_json::from_str::<Value>(&line).unwrap()
+        let req = json!({"cmd": "bench", "to": "2,2,0", "bytes": 40_000_000u64, "size": 4000, "fence_every": 20});
+        request(&sock, &req, Duration::from_secs(300)).expect("bench")
     });
     std::thread::sleep(Duration::from_millis(200));
     // Kill only the control process of 1,1,0 and start it again at once.
@@ -310,7 +217,7 @@ fn control_process_restart_does_not_disturb_traffic() {
             let _ = Command::new("kill").args(["-KILL", pid]).status();
         }
     }
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/torusctl");
+    let bin = torusnet_e2e::root().join("target/release/torusctl");
     let log = std::fs::File::create("/run/torusnet/tcr/1-1-0-control2.log").unwrap();
     // Killed on drop, so a failing assertion below does not leave it running.
     let _child = KillOnDrop(

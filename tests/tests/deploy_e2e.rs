@@ -2,31 +2,9 @@
 //! torus, and reports each deliberately broken setting with its fix; torusd refuses a link
 //! whose frames could land on a queue nobody reads. Needs root.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn script(args: &[&str]) {
-    let ok = Command::new("bash")
-        .arg(root().join("scripts/netns-torus.sh"))
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(ok.success(), "netns-torus.sh {args:?}");
-}
-
-struct Down(&'static str);
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(root().join("scripts/netns-torus.sh"))
-            .args(["down", "--prefix", self.0])
-            .status();
-    }
-}
+use torusnet_e2e::{ip, root, Torus};
 
 fn doctor(ns: &str, file: &str, pre: &str) -> (i32, String) {
     let bin = root().join("target/release/torusctl");
@@ -41,18 +19,10 @@ fn doctor(ns: &str, file: &str, pre: &str) -> (i32, String) {
     )
 }
 
-fn ip(args: &[&str]) {
-    assert!(
-        Command::new("ip").args(args).status().unwrap().success(),
-        "ip {args:?}"
-    );
-}
-
 #[test]
 fn doctor_passes_in_the_torus_and_names_each_broken_setting() {
-    let _down = Down("tdoc");
-    script(&["up", "3x3x3", "--prefix", "tdoc"]);
-    script(&["start", "--prefix", "tdoc"]);
+    let t = Torus::up("tdoc", "3x3x3");
+    t.start();
     let (ns, file) = ("tdoc-1-0-2", "/run/torusnet/tdoc/1-0-2.toml");
     // Wait for the control plane: the doctor reads the neighbours from it.
     let t0 = std::time::Instant::now();
@@ -104,7 +74,7 @@ fn doctor_passes_in_the_torus_and_names_each_broken_setting() {
 
     // A link with two RX queues in use (the kernel refuses the change while XDP is attached:
     // stop the daemons first).
-    script(&["stop", "--prefix", "tdoc"]);
+    t.stop();
     let ok = Command::new("ip")
         .args([
             "netns", "exec", ns, "ethtool", "-L", "py", "rx", "2", "tx", "2",
@@ -142,8 +112,7 @@ fn doctor_passes_in_the_torus_and_names_each_broken_setting() {
 
 #[test]
 fn torusd_refuses_a_link_with_unread_queues() {
-    let _down = Down("tdq");
-    script(&["up", "2x1x1", "--prefix", "tdq"]);
+    let _t = Torus::up("tdq", "2x1x1");
     let ns = "tdq-0-0-0";
     assert!(Command::new("ip")
         .args(["netns", "exec", ns, "ethtool", "-L", "px", "rx", "2", "tx", "2"])

@@ -4,104 +4,32 @@
 //! node keeps serving. Needs root.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use torusnet_dataplane::netns::enter;
+use torusnet_e2e::Torus;
 use torusnet_proto::keyspace;
-use torusnet_proto::topology::{Coord, Dims};
+use torusnet_proto::topology::Coord;
 use torusnet_proto::Key;
 
-struct Torus {
-    prefix: String,
-    dims: Dims,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns-torus.sh")
-}
-
-impl Torus {
-    fn up(prefix: &str, dims: &str) -> Torus {
-        let ok = Command::new("bash")
-            .arg(script())
-            .args(["up", dims, "--prefix", prefix])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        let ok = Command::new("bash")
-            .arg(script())
-            .args(["start", "--prefix", prefix])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        Torus {
-            prefix: prefix.into(),
-            dims: dims.parse().unwrap(),
+/// Waits until every live server's control process sees `live` servers and has published
+/// its view to torusd.
+fn wait_converged(t: &Torus, live: usize, except: &[Coord]) {
+    let start = Instant::now();
+    loop {
+        let ok = t.dims.coords().filter(|c| !except.contains(c)).all(|c| {
+            t.control(c).is_some_and(|v| {
+                v["reachable"].as_u64() == Some(live as u64)
+                    && v["published_version"] == v["view_version"]
+            })
+        });
+        if ok {
+            return;
         }
-    }
-
-    fn base(c: Coord) -> String {
-        format!("{}-{}-{}", c.x, c.y, c.z)
-    }
-
-    fn ns(&self, c: Coord) -> String {
-        format!("{}-{}", self.prefix, Torus::base(c))
-    }
-
-    fn ask(&self, c: Coord, control: bool, req: &Value) -> Option<Value> {
-        use std::io::{BufRead, BufReader, Write};
-        let p = format!(
-            "/run/torusnet/{}/{}{}.sock",
-            self.prefix,
-            Torus::base(c),
-            if control { "-control" } else { "" }
-        );
-        let mut s = std::os::unix::net::UnixStream::connect(p).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
-        writeln!(s, "{req}").ok()?;
-        let mut line = String::new();
-        BufReader::new(&s).read_line(&mut line).ok()?;
-        serde_json::from_str(&line).ok()
-    }
-
-    fn wait_converged(&self, live: usize, except: &[Coord]) {
-        let start = Instant::now();
-        loop {
-            let ok = self.dims.coords().filter(|c| !except.contains(c)).all(|c| {
-                self.ask(c, true, &json!({"cmd": "status"}))
-                    .is_some_and(|v| {
-                        v["reachable"].as_u64() == Some(live as u64)
-                            && v["published_version"] == v["view_version"]
-                    })
-            });
-            if ok {
-                return;
-            }
-            assert!(start.elapsed() < Duration::from_secs(40), "no convergence");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn kill(&self, c: Coord) {
-        let out = Command::new("ip")
-            .args(["netns", "pids", &self.ns(c)])
-            .output()
-            .unwrap();
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = Command::new("kill").args(["-KILL", pid]).status();
-        }
-    }
-}
-
-impl Drop for Torus {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(script())
-            .args(["down", "--prefix", &self.prefix])
-            .status();
+        assert!(start.elapsed() < Duration::from_secs(40), "no convergence");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -153,7 +81,8 @@ fn probe_keys(t: &Torus, keys: &[u64], senders: &[Coord], down: &[Coord]) -> (u6
 #[test]
 fn torus_of_27_pairs_keys_and_failover() {
     let t = Torus::up("tt", "3x3x3");
-    t.wait_converged(27, &[]);
+    t.start();
+    wait_converged(&t, 27, &[]);
     let all: Vec<Coord> = t.dims.coords().collect();
 
     // Every pair exchanges messages (ping-pong, short messages, over 1 to 3 hops).
@@ -190,7 +119,7 @@ fn torus_of_27_pairs_keys_and_failover() {
     let (delivered, wrong) = probe_keys(&t, &keys, &all, &[]);
     assert_eq!((delivered, wrong), (270, 0));
     // ... exactly as `torusctl key` says.
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/torusctl");
+    let bin = torusnet_e2e::root().join("target/release/torusctl");
     for (i, k) in keys.iter().enumerate().take(5) {
         let out = Command::new(&bin)
             .args(["key", "--dims", "3x3x3", &format!("item-{i}")])
@@ -204,7 +133,7 @@ fn torus_of_27_pairs_keys_and_failover() {
     // A server dies: its keys move to the next candidates, everyone else's stay.
     let dead = Coord::new(1, 2, 0);
     t.kill(dead);
-    t.wait_converged(26, &[dead]);
+    wait_converged(&t, 26, &[dead]);
     let live: Vec<Coord> = all.iter().copied().filter(|c| *c != dead).collect();
     let (delivered, wrong) = probe_keys(&t, &keys, &live, &[dead]);
     assert_eq!(
@@ -270,7 +199,8 @@ fn mac(t: &Torus, c: Coord, ifname: &str) -> [u8; 6] {
 #[test]
 fn hostile_frames_are_counted_and_dropped_and_the_node_keeps_serving() {
     let t = Torus::up("th", "3x3x1");
-    t.wait_converged(9, &[]);
+    t.start();
+    wait_converged(&t, 9, &[]);
     let victim = Coord::new(0, 0, 0);
     let attacker = Coord::new(1, 0, 0);
     let (victim_mac, attacker_mac) = (mac(&t, victim, "px"), mac(&t, attacker, "mx"));
