@@ -36,6 +36,10 @@ pub struct LinkView {
     live: Vec<u8>,
     /// Per server: whether it is up.
     up: Vec<bool>,
+    /// Per server: the dense index of its neighbour in each direction. Fixed by the torus,
+    /// so shared by every copy of the view; searches read it instead of doing coordinate
+    /// arithmetic per visit.
+    neighbors: std::sync::Arc<Vec<[u32; 6]>>,
 }
 
 impl LinkView {
@@ -45,10 +49,16 @@ impl LinkView {
             return Err(RoutingError::TooLarge(dims));
         }
         let n = dims.count() as usize;
+        let neighbors = dims
+            .coords()
+            .enumerate()
+            .map(|(i, c)| Dir::ALL.map(|d| dims.neighbor_index(i, c, d) as u32))
+            .collect();
         Ok(LinkView {
             dims,
             live: vec![dims.link_dirs().bits(); n],
             up: vec![true; n],
+            neighbors: std::sync::Arc::new(neighbors),
         })
     }
 
@@ -109,10 +119,9 @@ impl LinkView {
         if !self.up[i] {
             return DirSet::EMPTY;
         }
-        let c = self.dims.coord(i);
         DirSet::from_bits(self.live[i])
             .iter()
-            .filter(|d| self.up[self.dims.index(self.dims.neighbor(c, *d))])
+            .filter(|d| self.up[self.neighbors[i][usize::from(d.index())] as usize])
             .collect()
     }
 
@@ -140,11 +149,11 @@ impl LinkView {
         while let Some(&i) = queue.get(head) {
             head += 1;
             let i = i as usize;
-            let c = self.dims.coord(i);
             let next = dist[i] + 1;
-            for d in self.live_dirs_at(i).iter() {
-                let j = self.dims.index(self.dims.neighbor(c, d));
-                if dist[j] == UNREACHABLE {
+            let live = self.live[i];
+            for (d, &j) in self.neighbors[i].iter().enumerate() {
+                let j = j as usize;
+                if live & (1 << d) != 0 && self.up[j] && dist[j] == UNREACHABLE {
                     dist[j] = next;
                     queue.push(j as u32);
                 }
@@ -181,8 +190,6 @@ pub struct RouteTable {
     local: Coord,
     dist: Vec<u32>,
     hops: Vec<DirSet>,
-    scratch_dist: Vec<u32>,
-    scratch_queue: Vec<u32>,
 }
 
 impl RouteTable {
@@ -194,8 +201,6 @@ impl RouteTable {
             local,
             dist: Vec::new(),
             hops: Vec::new(),
-            scratch_dist: Vec::new(),
-            scratch_queue: Vec::new(),
         };
         t.absorb(view);
         Ok(t)
@@ -207,7 +212,10 @@ impl RouteTable {
         debug_assert_eq!(view.dims, self.dims);
         let n = self.dims.count() as usize;
         let li = self.dims.index(self.local);
-        view.bfs(li, &mut self.dist, &mut self.scratch_queue);
+        // Search space is temporary: kept per table it cost 8 bytes per server per server,
+        // which a simulated torus of thousands of engines could not afford.
+        let (mut scratch_dist, mut scratch_queue) = (Vec::new(), Vec::new());
+        view.bfs(li, &mut self.dist, &mut scratch_queue);
         self.hops.clear();
         self.hops.resize(n, DirSet::EMPTY);
         let live = view.live_dirs_at(li);
@@ -223,12 +231,8 @@ impl RouteTable {
                 .filter(|d| self.dims.neighbor(self.local, *d) == nb)
                 .collect();
             done = DirSet::from_bits(done.bits() | same.bits());
-            view.bfs(
-                self.dims.index(nb),
-                &mut self.scratch_dist,
-                &mut self.scratch_queue,
-            );
-            for ((h, &d), &dn) in self.hops.iter_mut().zip(&self.dist).zip(&self.scratch_dist) {
+            view.bfs(self.dims.index(nb), &mut scratch_dist, &mut scratch_queue);
+            for ((h, &d), &dn) in self.hops.iter_mut().zip(&self.dist).zip(&scratch_dist) {
                 if d != UNREACHABLE && d > 0 && dn == d - 1 {
                     *h = DirSet::from_bits(h.bits() | same.bits());
                 }

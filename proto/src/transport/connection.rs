@@ -10,6 +10,7 @@ use super::delivery::Delivery;
 use super::receiver::{RecvConfig, RecvWindow};
 use super::sender::{SendConfig, SendWindow};
 use super::{LinkId, LinkSet};
+use crate::time::Time;
 use crate::topology::Coord;
 
 /// State of the connection with one peer.
@@ -31,6 +32,8 @@ pub struct Connection {
     pub queued: usize,
     /// Whether the connection sits in the transport's urgent list.
     pub urgent: bool,
+    /// The deadline of its live entry in the transport's timer heap, if it has one.
+    pub timer: Option<Time>,
     /// The link the last frame went out on (striping cursor).
     rr: LinkId,
 }
@@ -47,6 +50,7 @@ impl Connection {
             last_fwd: None,
             queued: 0,
             urgent: false,
+            timer: None,
             rr: LinkId::MAX,
         }
     }

@@ -26,6 +26,7 @@
 pub mod connection;
 pub mod delivery;
 pub mod fair_queue;
+pub mod pool;
 pub mod receiver;
 pub mod sender;
 pub mod seqnum;
@@ -330,7 +331,15 @@ pub struct Transport {
     /// moved since), which only costs a look when it comes up. Scanning every connection
     /// for every timer query cost O(peers) per frame with hundreds of peers.
     deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(Time, Coord)>>,
+    /// Buffers for the copies of sent frames, shared by all connections.
+    pool: pool::BufferPool,
+    /// Scratch list of peers whose timers are due (kept to avoid an allocation per call).
+    due: Vec<Coord>,
 }
+
+/// Idle frame buffers a transport keeps: enough to absorb the swings of frames in flight
+/// without parking memory per peer.
+const POOL_BUFFERS: usize = 64;
 
 impl Transport {
     /// The transport of server `local`.
@@ -346,6 +355,8 @@ impl Transport {
             stats: Stats::default(),
             last_now: Time::ZERO,
             deadlines: std::collections::BinaryHeap::new(),
+            pool: pool::BufferPool::new(POOL_BUFFERS),
+            due: Vec::new(),
         }
     }
 
@@ -522,7 +533,8 @@ impl Transport {
         };
         if h.has(flags::ACK_VALID) {
             let sack = h.has(flags::SACK_VALID).then_some(h.sack);
-            conn.send.on_ack(now, h.ack, sack, h.kind == Kind::Nack);
+            conn.send
+                .on_ack(now, h.ack, sack, h.kind == Kind::Nack, &mut self.pool);
         }
         let mut result = Ok(());
         if h.kind == Kind::Data {
@@ -637,14 +649,21 @@ impl Transport {
     // ---- timers ----
 
     /// Records `peer`'s current deadline (after anything that may have moved it).
+    ///
+    /// A connection keeps at most one live entry in the heap, its earliest: a deadline that
+    /// moved later leaves the earlier entry to fire early and find nothing to do, which is
+    /// cheaper than an entry per change (a busy peer changes its timers with every frame).
     fn note(&mut self, peer: Coord) {
-        if let Some(c) = self.conns.get(&peer) {
+        if let Some(c) = self.conns.get_mut(&peer) {
             let t = match (c.send.poll_timeout(), c.recv.poll_timeout()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
             if let Some(t) = t {
-                self.deadlines.push(std::cmp::Reverse((t, peer)));
+                if c.timer.is_none_or(|r| t < r) {
+                    c.timer = Some(t);
+                    self.deadlines.push(std::cmp::Reverse((t, peer)));
+                }
             }
         }
     }
@@ -674,17 +693,22 @@ impl Transport {
     /// Runs the timers due at `now`: retransmission timeouts, delayed ACKs, NACK retries.
     pub fn handle_timeout(&mut self, now: Time) {
         self.last_now = self.last_now.max(now);
-        let mut due = Vec::new();
+        let mut due = std::mem::take(&mut self.due);
+        due.clear();
         while let Some(std::cmp::Reverse((t, peer))) = self.deadlines.peek().copied() {
             if t > now {
                 break;
             }
             self.deadlines.pop();
-            if !due.contains(&peer) {
-                due.push(peer);
+            // Only the connection's live entry counts; others were superseded by it.
+            if let Some(c) = self.conns.get_mut(&peer) {
+                if c.timer == Some(t) {
+                    c.timer = None;
+                    due.push(peer);
+                }
             }
         }
-        for peer in due {
+        for &peer in &due {
             if let Some(c) = self.conns.get_mut(&peer) {
                 c.send.on_timeout(now);
                 let needs = c.send.has_retransmit() || c.recv.ack_due(now) || c.recv.nack_due(now);
@@ -695,6 +719,7 @@ impl Transport {
             }
             self.note(peer);
         }
+        self.due = due;
     }
 
     // ---- network out ----
@@ -836,6 +861,7 @@ impl Transport {
                 link,
                 buf,
                 &mut self.stats,
+                &mut self.pool,
             );
             self.queues.used_turn(qi);
             self.note(head.dest);
@@ -888,6 +914,7 @@ fn build_data_frame(
     link: LinkId,
     buf: &mut [u8],
     stats: &mut Stats,
+    pool: &mut pool::BufferPool,
 ) -> Transmit {
     let service = q.service;
     let Some(head) = q.head().copied() else {
@@ -1014,7 +1041,7 @@ fn build_data_frame(
         conn.recv.on_ack_sent();
         // Emit cannot fail: buf was checked to hold a whole frame.
         let _ = h.emit(buf);
-        let mut copy = conn.send.take_buffer();
+        let mut copy = pool.take();
         copy.extend_from_slice(&buf[ETH_LEN..len]);
         conn.send.on_sent(now, copy);
         stats.data_frames += 1;

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::pool::BufferPool;
 use super::seqnum;
 use crate::time::Time;
 
@@ -48,8 +49,6 @@ pub struct SendWindow {
     backoff: u32,
     srtt: Option<Duration>,
     rttvar: Duration,
-    /// Buffers of retired frames, reused for new ones.
-    pool: Vec<Vec<u8>>,
 }
 
 impl SendWindow {
@@ -65,7 +64,6 @@ impl SendWindow {
             backoff: 0,
             srtt: None,
             rttvar: Duration::ZERO,
-            pool: Vec::new(),
         }
     }
 
@@ -82,13 +80,6 @@ impl SendWindow {
     /// The sequence number the next new frame gets.
     pub fn next_seq(&self) -> u64 {
         self.next
-    }
-
-    /// A buffer for a new frame (recycled when possible), cleared.
-    pub fn take_buffer(&mut self) -> Vec<u8> {
-        let mut b = self.pool.pop().unwrap_or_default();
-        b.clear();
-        b
     }
 
     /// Records a new frame, already carrying sequence number [`SendWindow::next_seq`], as
@@ -143,14 +134,16 @@ impl SendWindow {
     }
 
     /// Handles an acknowledgement: `cum_wire` cumulative, `sack` the selective bitmap (if
-    /// valid), `nack` whether the peer reported gaps. Returns how many frames it retired,
-    /// or `None` when the ack acknowledges frames never sent (ignored).
+    /// valid), `nack` whether the peer reported gaps; the buffers of retired frames go back
+    /// to `pool`. Returns how many frames it retired, or `None` when the ack acknowledges
+    /// frames never sent (ignored).
     pub fn on_ack(
         &mut self,
         now: Time,
         cum_wire: u32,
         sack: Option<u64>,
         nack: bool,
+        pool: &mut BufferPool,
     ) -> Option<u64> {
         let cum = seqnum::expand(cum_wire, self.una);
         if cum > self.next {
@@ -175,7 +168,7 @@ impl SendWindow {
             if self.una + 1 == cum {
                 sample = Some(now.since(f.sent_at));
             }
-            self.pool.push(f.bytes);
+            pool.give(f.bytes);
             self.una += 1;
             retired += 1;
         }
@@ -304,16 +297,17 @@ mod tests {
     #[test]
     fn window_fills_and_acks_retire() {
         let mut w = win();
+        let mut pool = BufferPool::new(8);
         for _ in 0..4 {
             assert!(w.can_send());
             w.on_sent(ms(0), vec![1, 2, 3]);
         }
         assert!(!w.can_send());
-        assert_eq!(w.on_ack(ms(0), 2, None, false), Some(2));
+        assert_eq!(w.on_ack(ms(0), 2, None, false, &mut pool), Some(2));
         assert!(w.can_send());
         assert_eq!(w.in_flight(), 2);
         assert_eq!(
-            w.on_ack(ms(0), 99, None, false),
+            w.on_ack(ms(0), 99, None, false, &mut pool),
             None,
             "acks beyond next are ignored"
         );
@@ -322,28 +316,30 @@ mod tests {
     #[test]
     fn nack_queues_the_holes_once() {
         let mut w = win();
+        let mut pool = BufferPool::new(8);
         for _ in 0..4 {
             w.on_sent(ms(0), vec![0]);
         }
         // Frames 0 and 2 missing; 1 and 3 arrived (cum 0, sack bits for 1.. = 0b101).
-        w.on_ack(ms(5), 0, Some(0b101), true);
+        w.on_ack(ms(5), 0, Some(0b101), true, &mut pool);
         assert_eq!(w.next_retransmit(ms(5)).map(|b| b.len()), Some(1));
         assert!(w.next_retransmit(ms(5)).is_some());
         assert!(w.next_retransmit(ms(5)).is_none());
         // A second NACK right away does not resend them again.
-        w.on_ack(ms(5), 0, Some(0b101), true);
+        w.on_ack(ms(5), 0, Some(0b101), true, &mut pool);
         assert!(!w.has_retransmit());
     }
 
     #[test]
     fn stale_ack_overtaken_by_a_newer_one_is_ignored() {
         let mut w = win();
+        let mut pool = BufferPool::new(8);
         for _ in 0..4 {
             w.on_sent(ms(0), vec![0]);
         }
-        assert_eq!(w.on_ack(ms(1), 3, None, false), Some(3));
+        assert_eq!(w.on_ack(ms(1), 3, None, false, &mut pool), Some(3));
         // An older ack (cum 1, gap report, selective bits) arrives late over another link.
-        assert_eq!(w.on_ack(ms(2), 1, Some(0b11), true), Some(0));
+        assert_eq!(w.on_ack(ms(2), 1, Some(0b11), true, &mut pool), Some(0));
         assert!(!w.has_retransmit());
         assert_eq!(w.in_flight(), 1);
     }
@@ -351,6 +347,7 @@ mod tests {
     #[test]
     fn timeout_resends_oldest_and_backs_off() {
         let mut w = win();
+        let mut pool = BufferPool::new(8);
         w.on_sent(ms(0), vec![0]);
         assert!(!w.on_timeout(ms(0)));
         let d = w.poll_timeout().unwrap();
@@ -358,7 +355,7 @@ mod tests {
         assert!(w.next_retransmit(d).is_some());
         let d2 = w.poll_timeout().unwrap();
         assert!(d2.since(d) > d.since(ms(0)), "backoff doubles the timeout");
-        w.on_ack(d2, 1, None, false);
+        w.on_ack(d2, 1, None, false, &mut pool);
         assert_eq!(w.poll_timeout(), None);
     }
 }
