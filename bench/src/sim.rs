@@ -34,6 +34,9 @@ enum Exp {
         /// How traffic is generated.
         #[arg(long, value_enum, default_value_t = Load::Paced)]
         load: Load,
+        /// Forward on the first next hop with room instead of the least backlogged.
+        #[arg(long)]
+        first_hop: bool,
         #[command(flatten)]
         out: Out,
     },
@@ -51,6 +54,12 @@ enum Exp {
         /// How traffic is generated.
         #[arg(long, value_enum, default_value_t = Load::Paced)]
         load: Load,
+        /// Forward on the first next hop with room instead of the least backlogged.
+        #[arg(long)]
+        first_hop: bool,
+        /// Sources keep addressing failed servers too (those packets are lost).
+        #[arg(long)]
+        to_failed: bool,
         #[command(flatten)]
         out: Out,
     },
@@ -63,9 +72,10 @@ enum Exp {
         /// Fraction of servers down at any time, percent.
         #[arg(long, default_value_t = 10.0)]
         down: f64,
-        /// Failures per second (each failed server rejoins when another fails).
-        #[arg(long, default_value_t = 2.0)]
-        rate: f64,
+        /// Failures per second, comma-separated for a sweep (exponential gaps; the server
+        /// down longest rejoins at each failure, so the down fraction holds).
+        #[arg(long, default_value = "2")]
+        rate: String,
         /// Messages per server per second to random keys.
         #[arg(long, default_value_t = 1000.0)]
         msgs: f64,
@@ -93,7 +103,7 @@ struct Out {
     seed: u64,
 }
 
-fn cfg(k: u16) -> Result<SimConfig, String> {
+fn cfg(k: u16, spread_by_load: bool) -> Result<SimConfig, String> {
     Ok(SimConfig {
         dims: Dims::new(k, k, k).map_err(|e| e.to_string())?,
         rate_bps: 1_000_000_000,
@@ -104,6 +114,7 @@ fn cfg(k: u16) -> Result<SimConfig, String> {
             queue_bytes: 256 << 10,
             ..Config::default()
         },
+        spread_by_load,
     })
 }
 
@@ -114,7 +125,10 @@ struct Point {
     load: Load,
     /// Per-server rate offered (paced load).
     offered_gbps: f64,
+    /// Mean over live servers.
     per_server_gbps: f64,
+    /// Median over live servers (CamCube's Figure 5(b) plots the median).
+    median_gbps: f64,
     /// The analytic expectation for the whole torus (what paced load offers).
     bound_gbps: f64,
     /// The analytic expectation over the live servers and links only.
@@ -123,6 +137,8 @@ struct Point {
     packets_offered: u64,
     /// Paced packets a server could not even queue (its send queue was full).
     refused_at_source: u64,
+    /// Packets addressed to failed servers (with `--to-failed`), refused by the engine.
+    unreachable: u64,
     events: u64,
     wakes: u64,
     forwarded: u64,
@@ -162,9 +178,19 @@ enum Load {
 const PACKET: usize = 8192;
 
 /// All-to-all at torus size k with `fail_pct` of the servers down: per-server throughput.
-fn alltoall(k: u16, fail_pct: f64, ms: f64, seed: u64, load: Load) -> Result<Point, String> {
+/// `to_failed`: sources keep addressing every other server, failed ones included (their
+/// packets are refused as unreachable), as a job that does not know who failed would.
+fn alltoall(
+    k: u16,
+    fail_pct: f64,
+    ms: f64,
+    seed: u64,
+    load: Load,
+    to_failed: bool,
+    spread: bool,
+) -> Result<Point, String> {
     let rss0 = rss_kib();
-    let c = cfg(k)?;
+    let c = cfg(k, spread)?;
     let t0 = Instant::now();
     let mut sim = Sim::new(c)?;
     let dims = sim.dims();
@@ -201,7 +227,8 @@ fn alltoall(k: u16, fail_pct: f64, ms: f64, seed: u64, load: Load) -> Result<Poi
         Load::Paced => Duration::from_micros(10),
         Load::Reliable => Duration::from_micros(100),
     };
-    let (mut delivered_bytes, mut offered, mut refused) = (0u64, 0u64, 0u64);
+    let (mut delivered_bytes, mut offered, mut refused, mut unreachable) = (0u64, 0, 0, 0u64);
+    let mut per_server = vec![0u64; n];
     let mut t = Time::ZERO;
     while t < Time::ZERO + total {
         let now_s = t.0 as f64 / 1e9;
@@ -217,14 +244,18 @@ fn alltoall(k: u16, fail_pct: f64, ms: f64, seed: u64, load: Load) -> Result<Poi
                 }
             }
             while budget > 0 {
-                let mut q = rng.below(live.len() as u64 - 1) as usize;
-                if q >= p {
-                    q += 1;
-                }
+                let d = if to_failed {
+                    let d = rng.below(n as u64 - 1) as usize;
+                    d + usize::from(d >= i)
+                } else {
+                    let q = rng.below(live.len() as u64 - 1) as usize;
+                    live[q + usize::from(q >= p)]
+                };
                 budget -= 1;
                 offered += 1;
-                match sim.send(i, Target::Server(dims.coord(live[q])), 9, &msg, opts) {
+                match sim.send(i, Target::Server(dims.coord(d)), 9, &msg, opts) {
                     Ok(()) => {}
+                    Err(SendError::Unreachable) => unreachable += 1,
                     Err(SendError::WouldBlock) if load == Load::Reliable => {
                         offered -= 1;
                         break;
@@ -237,16 +268,22 @@ fn alltoall(k: u16, fail_pct: f64, ms: f64, seed: u64, load: Load) -> Result<Poi
         }
         t = t + tick;
         let measuring = |at: Time| at >= Time::ZERO + warm;
-        sim.run_until(t, |at, _, e| {
+        sim.run_until(t, |at, server, e| {
             if let Event::Message { data, .. } = e {
                 if measuring(at) {
                     delivered_bytes += data.len() as u64;
+                    per_server[server] += data.len() as u64;
                 }
             }
         });
     }
     let secs = (total - warm).as_secs_f64();
     let per = delivered_bytes as f64 * 8.0 / secs / live.len() as f64 / 1e9;
+    let mut each: Vec<u64> = live.iter().map(|&i| per_server[i]).collect();
+    each.sort_unstable();
+    let median = each
+        .get(each.len() / 2)
+        .map_or(0.0, |b| *b as f64 * 8.0 / secs / 1e9);
     let wall = t0.elapsed().as_secs_f64();
     let st = sim.stats();
     Ok(Point {
@@ -258,11 +295,13 @@ fn alltoall(k: u16, fail_pct: f64, ms: f64, seed: u64, load: Load) -> Result<Poi
             Load::Reliable => f64::NAN,
         },
         per_server_gbps: per,
+        median_gbps: median,
         bound_gbps: bound,
         bound_live_gbps: bound_live,
         fraction_of_bound: per / bound.max(1e-9),
         packets_offered: offered,
         refused_at_source: refused,
+        unreachable,
         events: st.events,
         wakes: st.wakes,
         forwarded: st.forwarded,
@@ -306,7 +345,7 @@ fn churn(
     detect_ms: f64,
     seed: u64,
 ) -> Result<ChurnReport, String> {
-    let c = cfg(k)?;
+    let c = cfg(k, true)?;
     let t0 = Instant::now();
     let mut sim = Sim::new(c)?;
     let dims = sim.dims();
@@ -328,7 +367,13 @@ fn churn(
     let per_tick = msgs * tick.as_secs_f64();
     let mut carry = vec![0.0f64; n];
     let (mut sent, mut delivered, mut wrong) = (0u64, 0u64, 0u64);
-    let mut next_fail = Time::ZERO + Duration::from_secs_f64(1.0 / rate.max(1e-9));
+    // Failures arrive as a Poisson process (CamCube 4.2.5: exponential inter-failure
+    // times with mean 1 / failure rate).
+    let gap = |rng: &mut SplitMix64| {
+        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        Duration::from_secs_f64(-(1.0 - u).ln() / rate.max(1e-9))
+    };
+    let mut next_fail = Time::ZERO + gap(&mut rng);
     let end = Time::ZERO + Duration::from_secs_f64(seconds);
     let mut t = Time::ZERO;
     let mut dead = vec![false; n];
@@ -337,7 +382,7 @@ fn churn(
     }
     while t < end {
         // Churn: a live server dies (detected after `detect_ms`); the longest-down rejoins.
-        if t >= next_fail {
+        while t >= next_fail {
             let victim = loop {
                 let i = rng.below(n as u64) as usize;
                 if !dead[i] {
@@ -351,7 +396,7 @@ fn churn(
                 dead[back] = false;
                 sim.set_server(dims.coord(back), true);
             }
-            next_fail = next_fail + Duration::from_secs_f64(1.0 / rate.max(1e-9));
+            next_fail = next_fail + gap(&mut rng);
         }
         pending.retain(|(at, v)| {
             if *at <= t {
@@ -466,11 +511,12 @@ pub fn run(a: &Args) -> Result<(), String> {
             sizes,
             ms,
             load,
+            first_hop,
             out,
         } => {
             let mut pts = Vec::new();
             for k in list::<u16>(sizes)? {
-                let p = alltoall(k, 0.0, *ms, out.seed, *load)?;
+                let p = alltoall(k, 0.0, *ms, out.seed, *load, false, !first_hop)?;
                 if !out.json {
                     println!(
                         "{:>5} servers: {:.3} Gb/s per server (bound {:.3}, {:.0}%), {} events in {:.1} s = {:.2} M events/s, {:.0} KiB/server",
@@ -514,11 +560,13 @@ pub fn run(a: &Args) -> Result<(), String> {
             percent,
             ms,
             load,
+            first_hop,
+            to_failed,
             out,
         } => {
             let mut pts = Vec::new();
             for f in list::<f64>(percent)? {
-                let p = alltoall(*k, f, *ms, out.seed, *load)?;
+                let p = alltoall(*k, f, *ms, out.seed, *load, *to_failed, !first_hop)?;
                 if !out.json {
                     println!(
                         "{:>4.0}% failed: {:.3} Gb/s per live server",
@@ -565,14 +613,40 @@ pub fn run(a: &Args) -> Result<(), String> {
             detect_ms,
             out,
         } => {
-            let r = churn(*k, *down, *rate, *msgs, *seconds, *detect_ms, out.seed)?;
+            let mut rs = Vec::new();
+            for rate in list::<f64>(rate)? {
+                let r = churn(*k, *down, rate, *msgs, *seconds, *detect_ms, out.seed)?;
+                if !out.json {
+                    println!(
+                        "{} servers, {:.0}% down, {} failures/s, {} msg/s each: sent {}, delivered {}, dropped {} ({:.3}%), misdelivered {} ({:.1} s)",
+                        r.servers, r.down_pct, r.failures_per_s, r.messages_per_server_per_s, r.sent, r.delivered, r.dropped, r.dropped_pct, r.misdelivered, r.wall_s
+                    );
+                }
+                rs.push(r);
+            }
             if out.json {
-                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
-            } else {
                 println!(
-                    "{} servers, {:.0}% down, {} failures/s, {} msg/s each: sent {}, delivered {}, dropped {} ({:.3}%), misdelivered {} ({:.1} s)",
-                    r.servers, r.down_pct, r.failures_per_s, r.messages_per_server_per_s, r.sent, r.delivered, r.dropped, r.dropped_pct, r.misdelivered, r.wall_s
+                    "{}",
+                    json!({"experiment": "churn", "simulated_s": seconds, "points": rs})
                 );
+            }
+            if let Some(dir) = &out.plot {
+                let pct = |f: fn(&ChurnReport) -> u64| -> Vec<(f64, f64)> {
+                    rs.iter()
+                        .map(|r| (r.failures_per_s, 100.0 * f(r) as f64 / r.sent.max(1) as f64))
+                        .collect()
+                };
+                crate::plot::xy_chart(
+                    &dir.join("sim-churn.svg"),
+                    "Key-routed messages under churn (10% of servers down)",
+                    "failures per second",
+                    "% of messages sent",
+                    &[
+                        ("dropped", pct(|r| r.dropped)),
+                        ("misdelivered", pct(|r| r.misdelivered)),
+                    ],
+                    false,
+                )?;
             }
         }
     }
@@ -599,7 +673,7 @@ mod tests {
 
     #[test]
     fn small_torus_reaches_the_analytic_bound() {
-        let p = alltoall(3, 0.0, 20.0, 1, Load::Reliable).unwrap();
+        let p = alltoall(3, 0.0, 20.0, 1, Load::Reliable, false, true).unwrap();
         assert!(p.fraction_of_bound > 0.9, "{p:?}");
         assert!(p.fraction_of_bound < 1.02, "{p:?}");
     }

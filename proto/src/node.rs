@@ -312,6 +312,9 @@ impl Node {
             });
             return Ok(());
         }
+        if !self.routes.is_reachable(dest) {
+            return Err(SendError::Unreachable);
+        }
         self.transport.send(
             now,
             Outgoing {

@@ -28,6 +28,9 @@ pub struct SimConfig {
     pub queue_frames: u32,
     /// Transport settings of every server (its `mtu` is the links' MTU).
     pub transport: Config,
+    /// Forward on the least-backlogged of the engine's next hops (else the first with
+    /// room, in direction order: a forwarder that ignores load).
+    pub spread_by_load: bool,
 }
 
 /// A frame on a link, in transmission order (a link delivers in FIFO order, so only the
@@ -305,9 +308,11 @@ impl Sim {
     /// ways round an even ring at half the way), and spreading over the ties by load is
     /// what lets all-to-all traffic use every link.
     fn least_loaded(&self, i: usize, hops: DirSet, room: DirSet) -> Option<Dir> {
-        hops.iter()
-            .filter(|h| room.contains(*h))
-            .min_by_key(|h| self.links[i * 6 + usize::from(h.index())].busy_until)
+        let mut with_room = hops.iter().filter(|h| room.contains(*h));
+        if !self.cfg.spread_by_load {
+            return with_room.next();
+        }
+        with_room.min_by_key(|h| self.links[i * 6 + usize::from(h.index())].busy_until)
     }
 
     /// When a full link of `i` has drained half of what `transit` or own frames may fill,

@@ -215,6 +215,15 @@ fn key_routed_messages_reach_the_spec_root_and_fail_over() {
         .filter(|e| **e == Event::Unreachable(dead))
         .count();
     assert_eq!(unreachable, 1, "services are told the server died");
+    // Sending to it now fails at once, and blocks nothing queued behind it.
+    let reliable = MsgOptions {
+        reliable: true,
+        ..MsgOptions::default()
+    };
+    assert_eq!(
+        mesh.nodes[0].send(mesh.now, Target::Server(dead), 3, b"x", reliable),
+        Err(torusnet_proto::transport::SendError::Unreachable)
+    );
     let delivered = check(&events, Some(dead));
     assert_eq!(
         delivered,

@@ -209,6 +209,10 @@ pub enum SendError {
     /// Messages to this server itself do not go through the transport.
     #[error("destination is this server")]
     ToSelf,
+    /// No live path leads to the destination in the current view (it is down or cut off):
+    /// queued, the message would block its service's queue behind it.
+    #[error("destination unreachable")]
+    Unreachable,
 }
 
 /// Why a frame handed to [`Transport::handle_frame`] was dropped. The transport's state is
