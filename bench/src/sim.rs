@@ -594,12 +594,20 @@ pub fn run(a: &Args) -> Result<(), String> {
                     "All-to-all throughput vs failed servers",
                     "failed servers (%)",
                     "Gb/s per live server",
-                    &[(
-                        "simulated",
-                        pts.iter()
-                            .map(|p| (p.failed_pct, p.per_server_gbps))
-                            .collect(),
-                    )],
+                    &[
+                        (
+                            "simulated",
+                            pts.iter()
+                                .map(|p| (p.failed_pct, p.per_server_gbps))
+                                .collect(),
+                        ),
+                        (
+                            "analytic, live servers",
+                            pts.iter()
+                                .map(|p| (p.failed_pct, p.bound_live_gbps))
+                                .collect(),
+                        ),
+                    ],
                     false,
                 )?;
             }
@@ -669,6 +677,40 @@ mod tests {
         );
         // Each failure loses its keys for the detection delay: 8 x 0.3 s x 1/64 of the keys.
         assert!(r.dropped_pct < 15.0, "{r:?}");
+    }
+
+    #[test]
+    fn paced_all_to_all_reaches_the_analytic_bound() {
+        // CamCube's method on 64 servers: what is offered at the expected rate arrives.
+        let p = alltoall(4, 0.0, 20.0, 1, Load::Paced, false, true).unwrap();
+        assert!(p.fraction_of_bound > 0.93, "{p:?}");
+        assert!(p.fraction_of_bound < 1.0, "{p:?}");
+        assert_eq!(p.dropped_no_room, 0, "{p:?}");
+    }
+
+    #[test]
+    fn failures_cost_throughput_and_stay_under_the_live_bound() {
+        let whole = alltoall(4, 0.0, 10.0, 2, Load::Paced, false, true).unwrap();
+        let failed = alltoall(4, 20.0, 10.0, 2, Load::Paced, false, true).unwrap();
+        assert!(failed.bound_live_gbps < whole.bound_live_gbps, "{failed:?}");
+        assert!(failed.per_server_gbps < whole.per_server_gbps, "{failed:?}");
+        assert!(
+            failed.per_server_gbps <= failed.bound_live_gbps,
+            "{failed:?}"
+        );
+        assert!(
+            failed.per_server_gbps > 0.5 * failed.bound_live_gbps,
+            "{failed:?}"
+        );
+    }
+
+    #[test]
+    fn runs_are_deterministic() {
+        let a = alltoall(3, 10.0, 5.0, 9, Load::Reliable, true, true).unwrap();
+        let b = alltoall(3, 10.0, 5.0, 9, Load::Reliable, true, true).unwrap();
+        assert_eq!(a.events, b.events);
+        assert_eq!(a.per_server_gbps.to_bits(), b.per_server_gbps.to_bits());
+        assert_eq!(a.unreachable, b.unreachable);
     }
 
     #[test]

@@ -623,5 +623,11 @@ mod tests {
         let v = LinkView::all_up(dims).unwrap();
         let a = all_to_all_bound(dims, 1_000_000_000);
         assert!((all_to_all_bound_view(&v, 1_000_000_000) - a).abs() < 1.0);
+        // Failed servers take their links with them and lengthen paths: less per server.
+        let mut w = v.clone();
+        w.set_server(Coord::new(1, 1, 1), false).unwrap();
+        w.set_server(Coord::new(2, 3, 0), false).unwrap();
+        let b = all_to_all_bound_view(&w, 1_000_000_000);
+        assert!(b < a && b > 0.8 * a, "{b} vs {a}");
     }
 }
