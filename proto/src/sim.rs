@@ -115,10 +115,9 @@ pub struct Sim {
     nodes: Vec<Node>,
     up: Vec<bool>,
     links: Vec<Link>,
-    /// Pending events, `(time, id)`: `id` below `links.len()` is the head frame of that
-    /// link arriving; above it, a wake-up of server `id - links.len()`. Ties go by id, so a
-    /// run is deterministic.
-    /// The third field is the address of the frame's bytes, only to prefetch them.
+    /// Pending events, `(time, id, address)`: `id` below `links.len()` is the head frame of
+    /// that link arriving (`address` locates its bytes, only to prefetch them); above it, a
+    /// wake-up of server `id - links.len()`. Ties go by id, so a run is deterministic.
     heap: BinaryHeap<Reverse<(Time, u32, usize)>>,
     now: Time,
     view: LinkView,
