@@ -206,7 +206,14 @@ fn alltoall(
         }
     }
     let live: Vec<usize> = (0..n).filter(|i| !down[*i]).collect();
-    // The paper offers the rate expected for the full torus, failures or not.
+    if live.len() < 2 {
+        return Err(format!(
+            "all-to-all needs two live servers; {n} servers with {fail_pct}% failed leave {}",
+            live.len()
+        ));
+    }
+    // Paced load offers the rate expected for the whole torus, failures or not (the paper
+    // computes it "given N servers").
     let bound = all_to_all_bound(dims, c.rate_bps) / 1e9;
     let bound_live = all_to_all_bound_view(sim.view(), c.rate_bps) / 1e9;
     let msg = vec![0x5a_u8; PACKET];
@@ -345,13 +352,24 @@ fn churn(
     detect_ms: f64,
     seed: u64,
 ) -> Result<ChurnReport, String> {
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    let ok = (0.0..100.0).contains(&down_pct)
+        && positive(rate)
+        && (msgs == 0.0 || positive(msgs))
+        && (detect_ms == 0.0 || positive(detect_ms));
+    if !ok {
+        return Err(format!(
+            "churn needs 0 <= --down < 100, --rate > 0, --msgs >= 0 and --detect-ms >= 0 \
+             (got {down_pct}, {rate}, {msgs}, {detect_ms})"
+        ));
+    }
     let c = cfg(k, true)?;
     let t0 = Instant::now();
     let mut sim = Sim::new(c)?;
     let dims = sim.dims();
     let n = dims.count() as usize;
     let mut rng = SplitMix64::new(seed);
-    let ndown = ((n as f64) * down_pct / 100.0).round() as usize;
+    let ndown = (((n as f64) * down_pct / 100.0).round() as usize).min(n.saturating_sub(2));
     let mut downs: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
     while downs.len() < ndown {
         let i = rng.below(n as u64) as usize;
@@ -383,12 +401,13 @@ fn churn(
     while t < end {
         // Churn: a live server dies (detected after `detect_ms`); the longest-down rejoins.
         while t >= next_fail {
-            let victim = loop {
-                let i = rng.below(n as u64) as usize;
-                if !dead[i] {
-                    break i;
-                }
-            };
+            // Failures faster than detection could kill everyone: keep two servers alive.
+            let alive: Vec<usize> = (0..n).filter(|i| !dead[*i]).collect();
+            if alive.len() <= 2 {
+                next_fail = next_fail + gap(&mut rng);
+                continue;
+            }
+            let victim = alive[rng.below(alive.len() as u64) as usize];
             dead[victim] = true;
             sim.crash(dims.coord(victim));
             pending.push((t + Duration::from_secs_f64(detect_ms / 1000.0), victim));
@@ -503,6 +522,15 @@ fn with_huge_pages() {
     eprintln!("torus-bench: running without huge pages: {err}");
 }
 
+/// Checks what every experiment shares: a simulated duration that is a positive number.
+fn positive(what: &str, v: f64) -> Result<f64, String> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{what} must be a positive number, not {v}"))
+    }
+}
+
 /// Runs one experiment.
 pub fn run(a: &Args) -> Result<(), String> {
     with_huge_pages();
@@ -516,7 +544,15 @@ pub fn run(a: &Args) -> Result<(), String> {
         } => {
             let mut pts = Vec::new();
             for k in list::<u16>(sizes)? {
-                let p = alltoall(k, 0.0, *ms, out.seed, *load, false, !first_hop)?;
+                let p = alltoall(
+                    k,
+                    0.0,
+                    positive("--ms", *ms)?,
+                    out.seed,
+                    *load,
+                    false,
+                    !first_hop,
+                )?;
                 if !out.json {
                     println!(
                         "{:>5} servers: {:.3} Gb/s per server (bound {:.3}, {:.0}%), {} events in {:.1} s = {:.2} M events/s, {:.0} KiB/server",
@@ -566,7 +602,13 @@ pub fn run(a: &Args) -> Result<(), String> {
         } => {
             let mut pts = Vec::new();
             for f in list::<f64>(percent)? {
-                let p = alltoall(*k, f, *ms, out.seed, *load, *to_failed, !first_hop)?;
+                if !(0.0..100.0).contains(&f) {
+                    return Err(format!(
+                        "failure percentages go from 0 to under 100, not {f}"
+                    ));
+                }
+                let ms = positive("--ms", *ms)?;
+                let p = alltoall(*k, f, ms, out.seed, *load, *to_failed, !first_hop)?;
                 if !out.json {
                     println!(
                         "{:>4.0}% failed: {:.3} Gb/s per live server",
@@ -623,7 +665,8 @@ pub fn run(a: &Args) -> Result<(), String> {
         } => {
             let mut rs = Vec::new();
             for rate in list::<f64>(rate)? {
-                let r = churn(*k, *down, rate, *msgs, *seconds, *detect_ms, out.seed)?;
+                let secs = positive("--seconds", *seconds)?;
+                let r = churn(*k, *down, rate, *msgs, secs, *detect_ms, out.seed)?;
                 if !out.json {
                     println!(
                         "{} servers, {:.0}% down, {} failures/s, {} msg/s each: sent {}, delivered {}, dropped {} ({:.3}%), misdelivered {} ({:.1} s)",
@@ -702,6 +745,17 @@ mod tests {
             failed.per_server_gbps > 0.5 * failed.bound_live_gbps,
             "{failed:?}"
         );
+    }
+
+    #[test]
+    fn impossible_settings_are_refused_not_looped_on() {
+        assert!(alltoall(2, 99.0, 1.0, 1, Load::Paced, false, true).is_err());
+        assert!(churn(2, 100.0, 1.0, 10.0, 0.01, 300.0, 1).is_err());
+        assert!(churn(2, 10.0, 0.0, 10.0, 0.01, 300.0, 1).is_err());
+        assert!(churn(2, 10.0, f64::NAN, 10.0, 0.01, 300.0, 1).is_err());
+        // Failures far faster than detection leave survivors instead of spinning.
+        let r = churn(2, 50.0, 1e6, 100.0, 0.01, 300.0, 1).unwrap();
+        assert_eq!(r.misdelivered, 0);
     }
 
     #[test]
