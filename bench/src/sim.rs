@@ -9,6 +9,7 @@ use serde_json::json;
 use torusnet_proto::keyspace;
 use torusnet_proto::node::{Event, MsgOptions, Target};
 use torusnet_proto::rng::SplitMix64;
+use torusnet_proto::routing::LinkView;
 use torusnet_proto::sim::{all_to_all_bound, all_to_all_bound_view, Sim, SimConfig};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Dims;
@@ -340,6 +341,13 @@ struct ChurnReport {
     wall_s: f64,
 }
 
+/// The oracle: whether a message for `key` delivered at `server` landed anywhere but the
+/// key's root in `view` (the view in force when it was delivered).
+fn misdelivered(view: &LinkView, key: u64, server: usize) -> bool {
+    let dims = view.dims();
+    keyspace::root(dims, key, |c| view.is_up(c)) != Some(dims.coord(server))
+}
+
 /// Key-routed short messages under churn. The oracle: a message delivered at server s for
 /// key k is misdelivered unless s was k's root (GetServersForKey's first reachable entry) in
 /// the view in force at delivery time; a message never delivered is dropped.
@@ -352,11 +360,10 @@ fn churn(
     detect_ms: f64,
     seed: u64,
 ) -> Result<ChurnReport, String> {
-    let positive = |v: f64| v.is_finite() && v > 0.0;
     let ok = (0.0..100.0).contains(&down_pct)
-        && positive(rate)
-        && (msgs == 0.0 || positive(msgs))
-        && (detect_ms == 0.0 || positive(detect_ms));
+        && is_positive(rate)
+        && (msgs == 0.0 || is_positive(msgs))
+        && (detect_ms == 0.0 || is_positive(detect_ms));
     if !ok {
         return Err(format!(
             "churn needs 0 <= --down < 100, --rate > 0, --msgs >= 0 and --detect-ms >= 0 \
@@ -453,10 +460,7 @@ fn churn(
         sim.run_until(t, |_, at_server, e| {
             if let Event::Message { key: Some(key), .. } = e {
                 delivered += 1;
-                let root = keyspace::root(dims, key, |c| view.is_up(c));
-                if root != Some(dims.coord(at_server)) {
-                    wrong += 1;
-                }
+                wrong += u64::from(misdelivered(&view, key, at_server));
             }
         });
     }
@@ -465,9 +469,7 @@ fn churn(
     sim.run_until(t + Duration::from_millis(5), |_, at_server, e| {
         if let Event::Message { key: Some(key), .. } = e {
             delivered += 1;
-            if keyspace::root(dims, key, |c| view.is_up(c)) != Some(dims.coord(at_server)) {
-                wrong += 1;
-            }
+            wrong += u64::from(misdelivered(&view, key, at_server));
         }
     });
     let dropped = sent.saturating_sub(delivered);
@@ -522,9 +524,14 @@ fn with_huge_pages() {
     eprintln!("torus-bench: running without huge pages: {err}");
 }
 
+/// A finite number above zero (durations, rates).
+fn is_positive(v: f64) -> bool {
+    v.is_finite() && v > 0.0
+}
+
 /// Checks what every experiment shares: a simulated duration that is a positive number.
 fn positive(what: &str, v: f64) -> Result<f64, String> {
-    if v.is_finite() && v > 0.0 {
+    if is_positive(v) {
         Ok(v)
     } else {
         Err(format!("{what} must be a positive number, not {v}"))

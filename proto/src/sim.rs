@@ -12,6 +12,7 @@ use crate::node::{Event, MsgOptions, Node, RxAction, Target};
 use crate::routing::LinkView;
 use crate::time::Time;
 use crate::topology::{Coord, Dims, Dir, DirSet};
+use crate::transport::pool::BufferPool;
 use crate::transport::{Config, SendError};
 use crate::wire::ETH_LEN;
 
@@ -51,12 +52,12 @@ struct Link {
     live: bool,
 }
 
-/// Frame buffers kept for reuse: allocating and freeing a 9 KB buffer per hop cost more
-/// than forwarding it.
-#[derive(Debug, Default)]
+/// Frame buffers kept for reuse, in two size classes: allocating and freeing a 9 KB
+/// buffer per hop cost more than forwarding it.
+#[derive(Debug)]
 struct FramePool {
-    full: Vec<Vec<u8>>,
-    small: Vec<Vec<u8>>,
+    full: BufferPool,
+    small: BufferPool,
 }
 
 /// Frames up to this size (ACKs, NACKs, short messages) live in small buffers, so queued
@@ -64,6 +65,15 @@ struct FramePool {
 const SMALL_FRAME: usize = 256;
 /// Buffers each class of the pool keeps.
 const POOL_LIMIT: usize = 4096;
+
+impl Default for FramePool {
+    fn default() -> FramePool {
+        FramePool {
+            full: BufferPool::new(POOL_LIMIT),
+            small: BufferPool::new(POOL_LIMIT),
+        }
+    }
+}
 
 impl FramePool {
     /// A buffer of exactly `len` bytes (contents unspecified).
@@ -73,19 +83,16 @@ impl FramePool {
         } else {
             &mut self.full
         };
-        let mut b = class.pop().unwrap_or_default();
+        let mut b = class.take_any();
         b.resize(len, 0);
         b
     }
 
     fn give(&mut self, b: Vec<u8>) {
-        let class = if b.capacity() <= SMALL_FRAME {
-            &mut self.small
+        if b.capacity() <= SMALL_FRAME {
+            self.small.give(b);
         } else {
-            &mut self.full
-        };
-        if class.len() < POOL_LIMIT {
-            class.push(b);
+            self.full.give(b);
         }
     }
 }

@@ -24,9 +24,15 @@ impl BufferPool {
 
     /// An empty buffer, recycled when one is free.
     pub fn take(&mut self) -> Vec<u8> {
-        let mut b = self.free.pop().unwrap_or_default();
+        let mut b = self.take_any();
         b.clear();
         b
+    }
+
+    /// A recycled buffer as it was given back (length and contents unspecified), for a
+    /// caller that overwrites it anyway and would only pay for zeroing it again.
+    pub fn take_any(&mut self) -> Vec<u8> {
+        self.free.pop().unwrap_or_default()
     }
 
     /// Returns a buffer for reuse (dropped when the pool is full).
