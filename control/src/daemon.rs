@@ -261,44 +261,84 @@ fn write_coord(path: &Path, c: Coord) -> std::io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
-/// Publishes views to torusd over a standing connection, reconnecting as needed.
+/// Publishes views to torusd over a standing connection, reconnecting as needed. What was
+/// published last is remembered whole (neighbour MACs included, which change without a new
+/// view version when a NIC is replaced), and forgotten when the connection drops, so a
+/// restarted torusd gets the current view as soon as it is back. The connection doubles as
+/// torusd's heartbeat: while it is down, this server advertises no live link.
 struct Publisher {
     path: PathBuf,
     conn: Option<(UnixStream, BufReader<UnixStream>)>,
     published: u64,
+    /// The last message torusd accepted.
+    last_msg: Option<String>,
     latency_us: Option<u64>,
     last_try: Option<Instant>,
     last_error: Option<String>,
 }
 
 impl Publisher {
-    fn publish(&mut self, msg: &Value, version: u64) {
-        if self
-            .last_try
-            .is_some_and(|t| t.elapsed() < Duration::from_millis(200))
-            && self.conn.is_none()
+    /// Whether `msg` differs from what torusd holds.
+    fn stale(&self, msg: &Value) -> bool {
+        self.last_msg.as_deref() != Some(msg.to_string().as_str())
+    }
+
+    /// Forgets the connection and what it carried: the next loop publishes afresh.
+    fn reset(&mut self) {
+        self.conn = None;
+        self.last_msg = None;
+        self.last_try = None;
+    }
+
+    /// Whether the standing connection is still open (a restarted torusd closed the old one).
+    fn check_alive(&mut self) {
+        let Some((w, _)) = self.conn.as_ref() else {
+            return;
+        };
+        let mut b = [0u8; 1];
+        // SAFETY: peeking one byte into our buffer on our socket, without blocking.
+        let n = unsafe {
+            libc::recv(
+                w.as_raw_fd(),
+                b.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        let gone = n == 0
+            || (n < 0 && {
+                let e = std::io::Error::last_os_error().raw_os_error();
+                e != Some(libc::EAGAIN) && e != Some(libc::EWOULDBLOCK)
+            });
+        if gone {
+            self.reset();
+        }
+    }
+
+    /// Connects to torusd when not connected (at most every 200 ms): a connected torusd is
+    /// the sign that this server's dataplane runs.
+    fn connect(&mut self) {
+        if self.conn.is_some()
+            || self
+                .last_try
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(200))
         {
             return;
         }
         self.last_try = Some(Instant::now());
-        if self.conn.is_none() {
-            match UnixStream::connect(&self.path) {
-                Ok(s) => {
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                    match s.try_clone() {
-                        Ok(r) => self.conn = Some((s, BufReader::new(r))),
-                        Err(e) => {
-                            self.last_error = Some(e.to_string());
-                            return;
-                        }
-                    }
-                }
-                Err(e) => {
-                    self.last_error = Some(format!("torusd at {}: {e}", self.path.display()));
-                    return;
+        match UnixStream::connect(&self.path) {
+            Ok(s) => {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                match s.try_clone() {
+                    Ok(r) => self.conn = Some((s, BufReader::new(r))),
+                    Err(e) => self.last_error = Some(e.to_string()),
                 }
             }
+            Err(e) => self.last_error = Some(format!("torusd at {}: {e}", self.path.display())),
         }
+    }
+
+    fn publish(&mut self, msg: &Value, version: u64) {
         let Some((w, r)) = self.conn.as_mut() else {
             return;
         };
@@ -306,13 +346,14 @@ impl Publisher {
         let mut line = String::new();
         let ok = writeln!(w, "{msg}").is_ok() && r.read_line(&mut line).is_ok_and(|n| n > 0);
         if !ok {
-            self.conn = None;
+            self.reset();
             self.last_error = Some("torusd connection lost".into());
             return;
         }
         match serde_json::from_str::<Value>(&line) {
             Ok(v) if v.get("ok").is_some() => {
                 self.published = version;
+                self.last_msg = Some(msg.to_string());
                 self.latency_us = Some(t0.elapsed().as_micros() as u64);
                 self.last_error = None;
             }
@@ -392,12 +433,15 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         json!({"name": cfg.name, "starting": true}),
     ));
     let listener = bind_status(&cfg.socket)?;
+    // Set by a (re)started torusd asking for the current view.
+    let republish = Arc::new(AtomicBool::new(false));
     {
         let status = status.clone();
         let stop = stop.clone();
+        let republish = republish.clone();
         std::thread::Builder::new()
             .name("control-status".into())
-            .spawn(move || serve_status(listener, status, stop))
+            .spawn(move || serve_status(listener, status, stop, republish))
             .map_err(|e| e.to_string())?;
     }
     let epoch = Instant::now();
@@ -406,13 +450,19 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         path,
         conn: None,
         published: 0,
+        last_msg: None,
         latency_us: None,
         last_try: None,
         last_error: None,
     });
-    // After a (re)start, publish only once the database has been refilled by the others'
-    // refreshes, so a restarted control process never hands torusd a half-empty view.
+    // After a (re)start, publish only once the database has been refilled, so a restarted
+    // control process never hands torusd a half-empty view: neighbours send their whole
+    // database when a link comes up, so shortly after every link is up it is complete; at
+    // the latest, the others' refreshes have refilled it after `hold`.
     let hold = refresh + cfg.hello * (cfg.dead_after + 1);
+    let settle = cfg.hello * 2;
+    let mut adjacent_since: Option<Instant> = None;
+    let mut ready = false;
     let mut log: VecDeque<String> = VecDeque::new();
     let say = |log: &mut VecDeque<String>, s: String| {
         eprintln!("torusctl daemon {}: {s}", cfg.name);
@@ -528,10 +578,40 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
                 ControlEvent::Refused(_) => refused += 1,
             }
         }
+        if let Some(p) = publisher.as_mut() {
+            if republish.swap(false, Ordering::AcqRel) {
+                say(&mut log, "torusd asked for the view".into());
+                p.reset();
+            }
+            p.check_alive();
+            p.connect();
+            let up = p.conn.is_some();
+            if up != node.dataplane_up() {
+                say(
+                    &mut log,
+                    if up {
+                        "torusd is back: links advertised".into()
+                    } else {
+                        "torusd is gone: advertising no link until it is back".into()
+                    },
+                );
+                node.set_dataplane(up);
+            }
+        }
+        adjacent_since = if node.adjacent() {
+            adjacent_since.or(Some(Instant::now()))
+        } else {
+            None
+        };
+        ready = ready
+            || epoch.elapsed() >= hold
+            || adjacent_since.is_some_and(|t| t.elapsed() >= settle);
         if let (Some(p), Some((version, view))) = (publisher.as_mut(), node.view()) {
-            if version != p.published && epoch.elapsed() >= hold {
+            if ready {
                 if let Some(msg) = view_message(&node, version, view) {
-                    p.publish(&msg, version);
+                    if p.stale(&msg) {
+                        p.publish(&msg, version);
+                    }
                 }
             }
         }
@@ -641,7 +721,12 @@ fn bind_status(path: &Path) -> Result<UnixListener, String> {
     Ok(l)
 }
 
-fn serve_status(l: UnixListener, status: Arc<parking_lot::Mutex<Value>>, stop: Arc<AtomicBool>) {
+fn serve_status(
+    l: UnixListener,
+    status: Arc<parking_lot::Mutex<Value>>,
+    stop: Arc<AtomicBool>,
+    republish: Arc<AtomicBool>,
+) {
     while !stop.load(Ordering::Acquire) {
         let Ok((s, _)) = l.accept() else {
             std::thread::sleep(Duration::from_millis(20));
@@ -649,6 +734,7 @@ fn serve_status(l: UnixListener, status: Arc<parking_lot::Mutex<Value>>, stop: A
         };
         let status = status.clone();
         let stop = stop.clone();
+        let republish = republish.clone();
         std::thread::spawn(move || {
             let _ = s.set_nonblocking(false);
             let Ok(mut w) = s.try_clone() else { return };
@@ -661,7 +747,12 @@ fn serve_status(l: UnixListener, status: Arc<parking_lot::Mutex<Value>>, stop: A
                         stop.store(true, Ordering::Release);
                         json!({"ok": true})
                     }
-                    _ => json!({"error": "unknown command (status, shutdown)"}),
+                    // A (re)started torusd: publish the current view to it now.
+                    Some("publish") => {
+                        republish.store(true, Ordering::Release);
+                        json!({"ok": true})
+                    }
+                    _ => json!({"error": "unknown command (status, publish, shutdown)"}),
                 };
                 if writeln!(w, "{ans}").is_err() {
                     return;

@@ -154,6 +154,9 @@ pub struct ControlNode {
     view: Option<LinkView>,
     version: u64,
     dirty: bool,
+    /// Whether this server's dataplane runs: while it does not, the server advertises no
+    /// live link, so nobody routes to or through a server that would drop every frame.
+    dataplane_up: bool,
 }
 
 fn put16(b: &mut [u8], at: usize, v: u16) {
@@ -194,6 +197,7 @@ impl ControlNode {
             view: None,
             version: 0,
             dirty: true,
+            dataplane_up: true,
         };
         if let (Some(c), None) = (n.coord, n.cfg.coord) {
             n.events.push_back(ControlEvent::CoordAssigned(c));
@@ -387,7 +391,31 @@ impl ControlNode {
             self.seq += 1;
             self.last_flood = None;
             self.dirty = true;
+            if up {
+                // Database exchange, as OSPF does on adjacency: a neighbour that just
+                // (re)started learns every record now instead of over a refresh period.
+                for (origin, r) in &self.lsdb {
+                    let f = self.lsa_frame(*origin, r.coord, r.live, r.seq);
+                    self.out.push_back((dir, f));
+                }
+            }
         }
+    }
+
+    /// Whether every link a neighbour answers on is up (two-way, consistent) and at least
+    /// one is: after a restart, the database exchange on those links has then begun.
+    pub fn adjacent(&self) -> bool {
+        let mut any = false;
+        for d in self.cfg.links.iter() {
+            let l = &self.links[usize::from(d.index())];
+            if l.neighbor.is_some() && l.miswired.is_none() {
+                if !l.up {
+                    return false;
+                }
+                any = true;
+            }
+        }
+        any
     }
 
     fn on_lsa(&mut self, now: Time, from: Dir, b: &[u8]) {
@@ -506,7 +534,7 @@ impl ControlNode {
                 self.seq += 1;
             }
             self.last_flood = Some(now);
-            let f = self.lsa_frame(self.cfg.node_id, self.coord, self.live(), self.seq);
+            let f = self.lsa_frame(self.cfg.node_id, self.coord, self.advertised(), self.seq);
             for d in self.cfg.links.iter() {
                 if self.links[usize::from(d.index())].up {
                     self.out.push_back((d, f.clone()));
@@ -516,12 +544,40 @@ impl ControlNode {
         self.recompute();
     }
 
+    /// The links this server advertises: those up, while its dataplane runs. (Its own view
+    /// keeps its real links: that view is for its dataplane, which is back when it reads it.)
+    fn advertised(&self) -> DirSet {
+        if self.dataplane_up {
+            self.live()
+        } else {
+            DirSet::EMPTY
+        }
+    }
+
     fn live(&self) -> DirSet {
         self.cfg
             .links
             .iter()
             .filter(|d| self.links[usize::from(d.index())].up)
             .collect()
+    }
+
+    /// Tells the control plane whether this server's dataplane runs. A server whose
+    /// dataplane is gone (killed, restarting) still speaks the control protocol (hellos,
+    /// flooding, its coordinate) but advertises no live link, so the others route around it
+    /// until it is back; both changes are flooded at once.
+    pub fn set_dataplane(&mut self, up: bool) {
+        if self.dataplane_up != up {
+            self.dataplane_up = up;
+            self.seq += 1;
+            self.last_flood = None;
+            self.dirty = true;
+        }
+    }
+
+    /// Whether this server's dataplane is known to run.
+    pub fn dataplane_up(&self) -> bool {
+        self.dataplane_up
     }
 
     /// Rebuilds the view from the database when something changed.
