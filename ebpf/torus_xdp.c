@@ -37,7 +37,7 @@ static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;
 static long (*bpf_redirect_map)(void *map, __u64 key, __u64 flags) = (void *)51;
 
 #define ETH_LEN 14
-#define TORUS_LEN 56
+#define TORUS_LEN 64
 #define ETHERTYPE_DATA 0x88B5
 #define ETHERTYPE_CONTROL 0x88B6
 

@@ -50,6 +50,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                 data: &data,
                 reliable: true,
                 fences: Fences::default(),
+                tag: sent,
             };
             match tx.send(now, m) {
                 Ok(()) => sent += 1,
@@ -61,9 +62,11 @@ pub fn run(a: &Args) -> Result<(), String> {
             rx.handle_frame(now, &buf[..t.len])
                 .map_err(|e| e.to_string())?;
         }
-        while let Some(Event::Message { data, .. }) = rx.poll_event() {
-            delivered += 1;
-            bytes += data.len() as u64;
+        while let Some(e) = rx.poll_event() {
+            if let Event::Message { data, .. } = e {
+                delivered += 1;
+                bytes += data.len() as u64;
+            }
         }
         // The receiver's delayed ACKs fire as time moves on.
         now = now + Duration::from_micros(50);

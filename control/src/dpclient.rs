@@ -20,9 +20,26 @@ pub fn request(socket: &Path, req: &Value, timeout: Duration) -> Result<Value, S
         .map_err(|e| e.to_string())?;
     writeln!(s, "{req}").map_err(|e| format!("cannot send to torusd: {e}"))?;
     let mut line = String::new();
-    BufReader::new(&s)
-        .read_line(&mut line)
-        .map_err(|e| format!("no answer from torusd: {e}"))?;
+    BufReader::new(&s).read_line(&mut line).map_err(|e| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            format!(
+                "no answer from {} within {:.0} s",
+                socket.display(),
+                timeout.as_secs_f64()
+            )
+        } else {
+            format!("no answer from {}: {e}", socket.display())
+        }
+    })?;
+    if line.is_empty() {
+        return Err(format!(
+            "{} closed the connection without answering",
+            socket.display()
+        ));
+    }
     let v: Value =
         serde_json::from_str(&line).map_err(|e| format!("torusd answered non-JSON: {e}"))?;
     if let Some(e) = v.get("error").and_then(Value::as_str) {

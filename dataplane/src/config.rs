@@ -86,6 +86,7 @@ struct RawTransport {
     aggregate: Option<bool>,
     agg_delay_us: Option<u64>,
     queue_bytes: Option<usize>,
+    broken_after_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,7 +110,7 @@ struct Raw {
     transport: RawTransport,
     #[serde(default = "default_umem_chunks")]
     umem_chunks: u32,
-    /// The control process's section of a shared node file (not read here).
+    /// The control process's section of a shared node file (only its socket is read here).
     #[serde(default)]
     control: Option<toml::Value>,
     /// The NICs steer the torus EtherType to RX queue 0 (ethtool ntuple), so torusd may
@@ -166,6 +167,9 @@ pub struct NodeConfig {
     pub umem_chunks: u32,
     /// Torus frames are steered to RX queue 0 on every link (multi-queue NICs).
     pub rx_queue_steering: bool,
+    /// The control process's status socket, which torusd asks for the current view when
+    /// it starts (none: no control process publishes to this torusd).
+    pub control_socket: Option<PathBuf>,
 }
 
 impl NodeConfig {
@@ -303,13 +307,20 @@ impl NodeConfig {
         if let Some(q) = raw.transport.queue_bytes {
             transport.queue_bytes = q;
         }
+        if let Some(ms) = raw.transport.broken_after_ms {
+            if !(100..=600_000).contains(&ms) {
+                return Err(bad(format!(
+                    "transport.broken_after_ms: {ms} is outside 100..=600000"
+                )));
+            }
+            transport.broken_after = std::time::Duration::from_millis(ms);
+        }
         if raw.umem_chunks < 256 {
             return Err(bad(format!(
                 "umem_chunks: {} is below 256",
                 raw.umem_chunks
             )));
         }
-        let _ = raw.control;
         let name = match (raw.name, coord) {
             (Some(n), _) => n,
             (None, Some(c)) => c.to_string().replace(',', "-"),
@@ -322,6 +333,19 @@ impl NodeConfig {
         let socket = raw
             .socket
             .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}.sock")));
+        // The same defaults as the control process's (`torusctl daemon`).
+        let control = raw.control.as_ref();
+        let publishes = control
+            .and_then(|c| c.get("publish"))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(true);
+        let control_socket = publishes.then(|| {
+            control
+                .and_then(|c| c.get("socket"))
+                .and_then(|v| v.as_str())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}-control.sock")))
+        });
         Ok(NodeConfig {
             name,
             dims,
@@ -335,6 +359,7 @@ impl NodeConfig {
             transport,
             umem_chunks: raw.umem_chunks,
             rx_queue_steering: raw.rx_queue_steering,
+            control_socket,
         })
     }
 }

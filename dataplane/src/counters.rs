@@ -32,6 +32,9 @@ pub struct LinkCounters {
     pub drop_ttl: AtomicU64,
     /// Drops: refused by the transport.
     pub drop_transport: AtomicU64,
+    /// Drops: a frame of a connection instance that is gone (sent before a restart or a
+    /// reset on either side).
+    pub drop_stale: AtomicU64,
     /// Drops: consumed by an on-path service.
     pub drop_intercepted: AtomicU64,
     /// Drops: a forwarded frame found no next-hop link with TX room.
@@ -68,6 +71,8 @@ pub struct LinkCountersSnapshot {
     /// See [`LinkCounters`].
     pub drop_transport: u64,
     /// See [`LinkCounters`].
+    pub drop_stale: u64,
+    /// See [`LinkCounters`].
     pub drop_intercepted: u64,
     /// See [`LinkCounters`].
     pub drop_no_room: u64,
@@ -92,6 +97,7 @@ impl LinkCounters {
             DropReason::Unreachable => &self.drop_unreachable,
             DropReason::TtlExpired => &self.drop_ttl,
             DropReason::Transport => &self.drop_transport,
+            DropReason::Stale => &self.drop_stale,
             DropReason::Intercepted => &self.drop_intercepted,
         };
         add(c, 1);
@@ -112,6 +118,7 @@ impl LinkCounters {
             drop_unreachable: g(&self.drop_unreachable),
             drop_ttl: g(&self.drop_ttl),
             drop_transport: g(&self.drop_transport),
+            drop_stale: g(&self.drop_stale),
             drop_intercepted: g(&self.drop_intercepted),
             drop_no_room: g(&self.drop_no_room),
             tx_ring_full: g(&self.tx_ring_full),

@@ -139,7 +139,13 @@ impl XdpAttachment {
             ifname: ifname.to_string(),
             what,
         };
-        let mut ebpf = EbpfLoader::new()
+        // One loader per process: creating one parses the kernel's BTF (~200 ms here), which
+        // made every link of a (re)starting torusd cost that much.
+        static LOADER: std::sync::OnceLock<parking_lot::Mutex<EbpfLoader<'static>>> =
+            std::sync::OnceLock::new();
+        let mut ebpf = LOADER
+            .get_or_init(|| parking_lot::Mutex::new(EbpfLoader::new()))
+            .lock()
             .load(variant.object())
             .map_err(|e| explain(ifname, mtu, variant, &e))?;
         let prog: &mut Xdp = ebpf

@@ -9,7 +9,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,11 @@ use serde_json::{json, Value};
 use torusnet_proto::routing::LinkView;
 use torusnet_proto::topology::{Coord, Dims, Dir};
 
-use crate::builtin::{BenchRequest, PingRequest};
+use torusnet_proto::service::Request;
+use torusnet_services::builtin::{
+    BenchRequest, KeysRequest, LoadRequest, PingRequest, BENCH, KEYS, LOAD, PING,
+};
+
 use crate::config::NodeConfig;
 use crate::netns::parse_mac;
 use crate::runtime::{Command, Dataplane};
@@ -85,6 +89,25 @@ impl Daemon {
     }
 }
 
+/// Asks the control process for the current view (it publishes it to our management socket
+/// at once), from a background thread that retries for a few seconds: the control process may
+/// be starting too. A torusd restarted under a running control process so serves within a
+/// fraction of a second instead of waiting for the next change of the view.
+pub fn ask_for_view(control_socket: &Path) {
+    let path = control_socket.to_path_buf();
+    let _ = std::thread::Builder::new()
+        .name("torusd-askview".into())
+        .spawn(move || {
+            let req = json!({"cmd": "publish"});
+            for _ in 0..100 {
+                if crate::cluster::request(&path, &req, Duration::from_secs(1)).is_ok() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+}
+
 /// The management server.
 pub struct Mgmt {
     path: PathBuf,
@@ -106,15 +129,35 @@ impl Mgmt {
         })
     }
 
-    /// Serves until the daemon is told to stop or its dataplane dies.
+    /// Serves until the daemon is told to stop or its dataplane dies. At most
+    /// [`MAX_CLIENTS`] clients at once (one thread each); more are refused with one line.
     pub fn serve(&self, d: &Arc<Daemon>) {
+        let clients = Arc::new(AtomicUsize::new(0));
         while !d.stop.load(Ordering::Acquire) && d.healthy() {
             match self.listener.accept() {
-                Ok((stream, _)) => {
+                Ok((mut stream, _)) => {
+                    if clients.load(Ordering::Acquire) >= MAX_CLIENTS {
+                        let _ = stream.set_nonblocking(false);
+                        let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+                        let _ = writeln!(
+                            stream,
+                            "{}",
+                            json!({"error": format!("too many clients (at most {MAX_CLIENTS})")})
+                        );
+                        continue;
+                    }
+                    clients.fetch_add(1, Ordering::AcqRel);
                     let d = d.clone();
-                    let _ = std::thread::Builder::new()
+                    let c = clients.clone();
+                    let spawned = std::thread::Builder::new()
                         .name("torusd-mgmt".into())
-                        .spawn(move || client(stream, &d));
+                        .spawn(move || {
+                            client(stream, &d);
+                            c.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    if spawned.is_err() {
+                        clients.fetch_sub(1, Ordering::AcqRel);
+                    }
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
@@ -128,8 +171,15 @@ impl Drop for Mgmt {
     }
 }
 
+/// Most management clients served at once.
+pub const MAX_CLIENTS: usize = 64;
+
+/// A client idle this long is disconnected (the control process reconnects on its own).
+const CLIENT_IDLE: Duration = Duration::from_secs(600);
+
 fn client(stream: UnixStream, d: &Arc<Daemon>) {
     let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(CLIENT_IDLE));
     let Ok(mut out) = stream.try_clone() else {
         return;
     };
@@ -156,10 +206,29 @@ fn coord(req: &Value, field: &str) -> Result<Coord, String> {
     s.parse().map_err(|e| format!("{field}: {e}"))
 }
 
-fn wait(rx: mpsc::Receiver<Value>, secs: u64) -> Value {
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| json!({"error": "no answer from the poller in time"}))
+/// Waits for a service's answer until `limit`: a request never waits for ever.
+fn wait(rx: mpsc::Receiver<Value>, limit: Duration) -> Value {
+    rx.recv_timeout(limit).unwrap_or_else(|_| {
+        json!({"error": format!("no answer from the poller within {:.0} s", limit.as_secs_f64())})
+    })
 }
+
+/// A request's own deadline (`timeout_ms`), or `default`, at most an hour.
+fn timeout(req: &Value, default: Duration) -> Result<Duration, String> {
+    match req.get("timeout_ms") {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => {
+            let ms = v
+                .as_u64()
+                .filter(|ms| (1..=3_600_000).contains(ms))
+                .ok_or("timeout_ms: 1..=3600000")?;
+            Ok(Duration::from_millis(ms))
+        }
+    }
+}
+
+/// Slack between a service's own deadline and the management socket's wait for it.
+const SLACK: Duration = Duration::from_secs(2);
 
 fn with_dp<T>(d: &Daemon, f: impl FnOnce(&Dataplane) -> Result<T, String>) -> Result<T, String> {
     match d.dp.lock().as_ref() {
@@ -171,6 +240,23 @@ fn with_dp<T>(d: &Daemon, f: impl FnOnce(&Dataplane) -> Result<T, String>) -> Re
 fn push(dp: &Dataplane, c: Command) -> Result<(), String> {
     dp.command(c)
         .map_err(|_| "the poller's command queue is full".to_string())
+}
+
+/// Sends a request to the built-in service `service` on poller `shard`.
+fn ask(d: &Daemon, shard: usize, service: u16, request: Request) -> Result<(), String> {
+    with_dp(d, |dp| {
+        dp.shared()
+            .push_to(shard, Command::Request { service, request })
+            .map_err(|_| "the poller's command queue is full".to_string())
+    })
+}
+
+fn pollers(d: &Daemon) -> Result<usize, String> {
+    with_dp(d, |dp| Ok(dp.shared().shards.len()))
+}
+
+fn shard_of(d: &Daemon, c: Coord) -> Result<usize, String> {
+    with_dp(d, |dp| Ok(dp.shared().shard_of(c)))
 }
 
 fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
@@ -201,20 +287,22 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                 .get("reliable")
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
+            let limit = timeout(
+                req,
+                (Duration::from_secs(10) + Duration::from_millis(u64::from(count)))
+                    .min(Duration::from_secs(3600)),
+            )?;
             let (tx, rx) = mpsc::channel();
-            with_dp(d, |dp| {
-                push(
-                    dp,
-                    Command::Ping(PingRequest {
-                        to,
-                        count,
-                        size,
-                        reliable,
-                        reply: tx,
-                    }),
-                )
-            })?;
-            Ok(wait(rx, 600))
+            let p = PingRequest {
+                to,
+                count,
+                size,
+                reliable,
+                timeout: limit,
+                reply: tx,
+            };
+            ask(d, shard_of(d, to)?, PING, Box::new(p))?;
+            Ok(wait(rx, limit + SLACK))
         }
         "bench" => {
             let to = coord(req, "to")?;
@@ -227,22 +315,22 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             let fence_every = req.get("fence_every").and_then(Value::as_u64).unwrap_or(0);
             let reliable = req.get("reliable").and_then(Value::as_bool).unwrap_or(true);
             let verify = req.get("verify").and_then(Value::as_bool).unwrap_or(true);
+            // By default, no slower than 10 MB/s and at least a minute.
+            let default = Duration::from_secs((bytes / 10_000_000).clamp(60, 3600));
+            let limit = timeout(req, default)?;
             let (tx, rx) = mpsc::channel();
-            with_dp(d, |dp| {
-                push(
-                    dp,
-                    Command::Bench(BenchRequest {
-                        to,
-                        bytes,
-                        size,
-                        fence_every,
-                        reliable,
-                        verify,
-                        reply: tx,
-                    }),
-                )
-            })?;
-            Ok(wait(rx, 1800))
+            let b = BenchRequest {
+                to,
+                bytes,
+                size,
+                fence_every,
+                reliable,
+                verify,
+                timeout: limit,
+                reply: tx,
+            };
+            ask(d, shard_of(d, to)?, BENCH, Box::new(b))?;
+            Ok(wait(rx, limit + SLACK))
         }
         "fault" => {
             let link = req
@@ -273,39 +361,174 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                 })
                 .collect::<Result<Vec<u64>, _>>()?;
             let (tx, rx) = mpsc::channel();
-            with_dp(d, |dp| push(dp, Command::SendKeys(keys, tx)))?;
-            Ok(wait(rx, 10))
+            ask(d, 0, KEYS, Box::new(KeysRequest::Send(keys, tx)))?;
+            Ok(wait(rx, Duration::from_secs(10)))
         }
         "keys_seen" => {
             let reset = req.get("reset").and_then(Value::as_bool).unwrap_or(false);
             // Probes land on whichever poller received them: ask every one and add up.
-            let pollers = with_dp(d, |dp| Ok(dp.shared().shards.len()))?;
             let mut total = serde_json::Map::new();
-            for shard in 0..pollers {
+            for shard in 0..pollers(d)? {
                 let (tx, rx) = mpsc::channel();
-                with_dp(d, |dp| {
-                    dp.shared()
-                        .push_to(shard, Command::KeysSeen(reset, tx))
-                        .map_err(|_| "queue full".to_string())
-                })?;
-                if let Value::Object(m) = wait(rx, 10) {
-                    for (k, v) in m {
-                        let n = total.get(&k).and_then(Value::as_u64).unwrap_or(0)
-                            + v.as_u64().unwrap_or(0);
-                        total.insert(k, json!(n));
+                ask(d, shard, KEYS, Box::new(KeysRequest::Seen(reset, tx)))?;
+                match wait(rx, Duration::from_secs(10)) {
+                    Value::Object(m) if !m.contains_key("error") => {
+                        for (k, v) in m {
+                            let n = total.get(&k).and_then(Value::as_u64).unwrap_or(0)
+                                + v.as_u64().unwrap_or(0);
+                            total.insert(k, json!(n));
+                        }
                     }
+                    other => return Ok(other),
                 }
             }
             Ok(Value::Object(total))
         }
+        "load" => load(req, d),
         "view" => apply_view(req, d),
         "shutdown" => {
             d.stop.store(true, Ordering::Release);
             Ok(json!({"ok": true}))
         }
         other => Err(format!(
-            "unknown command {other:?} (status, ping, bench, fault, view, shutdown)"
+            "unknown command {other:?} (status, ping, bench, fault, send_keys, keys_seen, load, view, shutdown)"
         )),
+    }
+}
+
+/// The built-in load generator: `{"cmd":"load","action":"start","peers":"all"|[...],"rate":N,
+/// "min":B,"max":B,"dwell_ms":N,"seed":N,"journal":PATH}`, `"stop"`, `"report"`. Each poller
+/// runs its own, over the peers whose connections it owns; reports are added up.
+fn load(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    let action = req
+        .get("action")
+        .and_then(Value::as_str)
+        .unwrap_or("report");
+    let n = pollers(d)?;
+    let (me, dims) = with_dp(d, |dp| Ok((dp.shared().coord, dp.shared().dims)))?;
+    let limit = Duration::from_secs(10);
+    let mut answers = Vec::new();
+    match action {
+        "start" => {
+            let peers: Vec<Coord> = match req.get("peers") {
+                None => dims.coords().filter(|c| *c != me).collect(),
+                Some(Value::String(s)) if s == "all" => {
+                    dims.coords().filter(|c| *c != me).collect()
+                }
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|p| {
+                        let c: Coord = p
+                            .as_str()
+                            .ok_or("peers: strings x,y,z")?
+                            .parse()
+                            .map_err(|e| format!("peers: {e}"))?;
+                        dims.check(c).map_err(|e| format!("peers: {e}"))
+                    })
+                    .collect::<Result<_, String>>()?,
+                Some(_) => return Err("peers: \"all\" or a list of x,y,z".into()),
+            };
+            let num = |k: &str, def: u64, lo: u64, hi: u64| -> Result<u64, String> {
+                match req.get(k) {
+                    None => Ok(def),
+                    Some(v) => v
+                        .as_u64()
+                        .filter(|x| (lo..=hi).contains(x))
+                        .ok_or(format!("{k}: {lo}..={hi}")),
+                }
+            };
+            let rate = num("rate", 100, 1, 1_000_000)? as u32;
+            let min = num("min", 64, 17, 64 << 20)? as usize;
+            let max = num("max", 4096, 17, 64 << 20)? as usize;
+            if min > max {
+                return Err(format!("min {min} is above max {max}"));
+            }
+            let dwell = Duration::from_millis(num("dwell_ms", 500, 1, 3_600_000)?);
+            let seed = num("seed", 1, 0, u64::MAX)?;
+            let journal = req.get("journal").and_then(Value::as_str);
+            for shard in 0..n {
+                let mine: Vec<Coord> = peers
+                    .iter()
+                    .copied()
+                    .filter(|p| shard_of(d, *p).is_ok_and(|s| s == shard))
+                    .collect();
+                let journal: Option<Box<dyn std::io::Write + Send>> = match journal {
+                    Some(path) => Some(Box::new(
+                        std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(path)
+                            .map_err(|e| format!("journal {path}: {e}"))?,
+                    )),
+                    None => None,
+                };
+                let (tx, rx) = mpsc::channel();
+                let r = LoadRequest::Start {
+                    peers: mine,
+                    rate: (rate / n as u32).max(1),
+                    sizes: (min, max),
+                    dwell,
+                    seed: seed ^ shard as u64,
+                    journal,
+                    reply: tx,
+                };
+                ask(d, shard, LOAD, Box::new(r))?;
+                answers.push(wait(rx, limit));
+            }
+        }
+        "stop" | "report" => {
+            for shard in 0..n {
+                let (tx, rx) = mpsc::channel();
+                let r = if action == "stop" {
+                    LoadRequest::Stop(tx)
+                } else {
+                    LoadRequest::Report(tx)
+                };
+                ask(d, shard, LOAD, Box::new(r))?;
+                answers.push(wait(rx, limit));
+            }
+        }
+        other => {
+            return Err(format!(
+                "load: unknown action {other:?} (start, stop, report)"
+            ))
+        }
+    }
+    if let Some(e) = answers.iter().find_map(|a| a.get("error")) {
+        return Ok(json!({"error": e}));
+    }
+    Ok(add_up(answers))
+}
+
+/// Adds up the pollers' answers field by field (numbers added, the rest from the first).
+fn add_up(answers: Vec<Value>) -> Value {
+    let mut it = answers.into_iter();
+    let Some(mut total) = it.next() else {
+        return json!({});
+    };
+    for a in it {
+        merge_sum(&mut total, &a);
+    }
+    total
+}
+
+fn merge_sum(total: &mut Value, a: &Value) {
+    match (total, a) {
+        (Value::Object(t), Value::Object(o)) => {
+            for (k, v) in o {
+                match t.get_mut(k) {
+                    Some(tv) => merge_sum(tv, v),
+                    None => {
+                        t.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (t @ Value::Number(_), Value::Number(n)) => {
+            let sum = t.as_u64().unwrap_or(0) + n.as_u64().unwrap_or(0);
+            *t = json!(sum);
+        }
+        _ => {}
     }
 }
 

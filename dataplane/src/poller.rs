@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use torusnet_proto::node::{Event, Node, RxAction, Target};
+use torusnet_proto::service::Service;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Dir, DirSet};
+use torusnet_proto::transport::{FailReason, SendError};
 use torusnet_proto::wire::{Dest, FrameView, Header, Kind};
 
-use crate::builtin::Builtins;
 use crate::config::Polling;
 use crate::counters::{add, LinkCounters};
 use crate::loader::XdpAttachment;
@@ -95,7 +96,9 @@ pub struct Poller {
     scratch: Vec<u8>,
     view_version: u64,
     last_snapshot: Instant,
-    builtins: Builtins,
+    /// Services hosted in this poller (the built-in ones), and which owns each service id.
+    services: Vec<Box<dyn Service>>,
+    service_of: HashMap<u16, usize>,
     turn_now: Time,
 }
 
@@ -139,9 +142,21 @@ impl Poller {
             scratch: vec![0u8; mtu + 14],
             view_version: 1,
             last_snapshot: Instant::now() - Duration::from_secs(1),
-            builtins: Builtins::default(),
+            services: Vec::new(),
+            service_of: HashMap::new(),
             turn_now: Time::ZERO,
         }
+    }
+
+    /// Hosts `services` in this poller: events for their ids go to them, not to inboxes.
+    pub fn with_services(mut self, services: Vec<Box<dyn Service>>) -> Poller {
+        for (i, svc) in services.iter().enumerate() {
+            for id in svc.ids() {
+                self.service_of.insert(*id, i);
+            }
+        }
+        self.services = services;
+        self
     }
 
     /// The time of the current loop turn: read once per turn (a clock read per frame cost
@@ -167,6 +182,10 @@ impl Poller {
         for i in 0..self.ports.len() {
             self.refill(i);
         }
+        if self.shard == 0 {
+            // Peers that held connections with a previous start of this server drop them now.
+            self.node.announce();
+        }
         let mut idle_turns = 0u32;
         while !self.shared.shutdown.load(Ordering::Acquire) {
             self.tick();
@@ -180,14 +199,15 @@ impl Poller {
             if self.node.poll_timeout().is_some_and(|t| t <= now) {
                 self.node.handle_timeout(now);
             }
-            let now = self.now();
-            work += self.builtins.poll(now, &mut self.node);
+            // Events before transmitting: a service has a message before the ACK of its
+            // frame can leave (the delivery contract, docs/transport.md).
+            work += self.deliver_events();
+            work += self.poll_services();
             work += self.transmit();
             for i in 0..self.ports.len() {
                 self.complete(i);
                 self.refill(i);
             }
-            work += self.deliver_events();
             if self.last_snapshot.elapsed() >= Duration::from_millis(100) {
                 self.publish();
             }
@@ -213,6 +233,9 @@ impl Poller {
         let timer = self
             .node
             .poll_timeout()
+            .into_iter()
+            .chain(self.services.iter().filter_map(|s| s.poll_timeout()))
+            .min()
             .map(|t| t.since(now))
             .unwrap_or(Duration::from_millis(100));
         let ms = timer.min(Duration::from_millis(100)).as_millis() as i32;
@@ -286,7 +309,7 @@ impl Poller {
                     }
                     match self.node.send(now, target, service, &data, opts) {
                         Ok(()) => n += 1,
-                        Err(torusnet_proto::transport::SendError::WouldBlock) => {
+                        Err(SendError::WouldBlock) => {
                             // The engine's queue is full: hold it, take no more for now.
                             self.pending = Some(Command::Send {
                                 target,
@@ -296,9 +319,26 @@ impl Poller {
                             });
                             break;
                         }
-                        // Too large or to self: the message cannot be sent; dropped here,
-                        // the sender was told at its own checks where it could be.
-                        Err(_) => n += 1,
+                        // The application's send already returned: it learns of the failure
+                        // from its inbox, like any other.
+                        Err(e) => {
+                            let peer = match target {
+                                Target::Server(c) => c,
+                                Target::Key(_) => self.shared.coord,
+                            };
+                            let reason = match e {
+                                SendError::Unreachable => FailReason::Unreachable,
+                                _ => FailReason::Refused,
+                            };
+                            let ev = Event::Failed {
+                                peer,
+                                service,
+                                tags: vec![opts.tag],
+                                reason,
+                            };
+                            self.dispatch(service, ev);
+                            n += 1;
+                        }
                     }
                 }
                 Command::SetFault { dir, drop } => {
@@ -307,24 +347,17 @@ impl Poller {
                     }
                     n += 1;
                 }
-                Command::Ping(req) => {
+                Command::Request { service, request } => {
                     let now = self.now();
-                    self.builtins.start_ping(now, req, &mut self.node);
+                    if let Some(&i) = self.service_of.get(&service) {
+                        // A request the service does not understand is dropped; its sender's
+                        // wait has a deadline.
+                        let _ = self.services[i].on_request(now, request, &mut self.node);
+                    }
                     n += 1;
                 }
-                Command::SendKeys(keys, reply) => {
-                    let now = self.now();
-                    let sent = self.builtins.send_keys(now, &keys, &mut self.node);
-                    let _ = reply.send(serde_json::json!({"sent": sent}));
-                    n += 1;
-                }
-                Command::KeysSeen(reset, reply) => {
-                    let _ = reply.send(self.builtins.keys_seen(reset));
-                    n += 1;
-                }
-                Command::Bench(req) => {
-                    let now = self.now();
-                    self.builtins.start_bench(now, req);
+                Command::NotifyAcks(service, on) => {
+                    self.node.notify_acks(service, on);
                     n += 1;
                 }
                 Command::SetView(view, macs, ack) => {
@@ -384,7 +417,7 @@ impl Poller {
     }
 
     fn rx_single(&mut self, i: usize, dir: Dir, d: XdpDesc) {
-        let c = &self.shared.links[i].counters;
+        let c = self.counters(i);
         add(&c.rx_frames, 1);
         add(&c.rx_bytes, u64::from(d.len));
         let now = self.now();
@@ -420,7 +453,7 @@ impl Poller {
     fn rx_multi(&mut self, i: usize, dir: Dir) {
         let parts = std::mem::take(&mut self.ports[i].parts);
         let total: usize = parts.iter().map(|p| p.len as usize).sum();
-        let c = &self.shared.links[i].counters;
+        let c = self.counters(i);
         add(&c.rx_frames, 1);
         add(&c.rx_bytes, total as u64);
         let release = |umem: &mut Umem, parts: &[XdpDesc]| {
@@ -746,7 +779,7 @@ impl Poller {
         }
     }
 
-    /// Hands the engine's events to the services' inboxes.
+    /// Hands the engine's events to the hosted services and the applications' inboxes.
     fn deliver_events(&mut self) -> usize {
         let v = self.shared.services_version.load(Ordering::Acquire);
         if v != self.inbox_version {
@@ -762,24 +795,52 @@ impl Poller {
         }
         while let Some(e) = self.node.poll_event() {
             n += 1;
-            let now = self.now();
-            let Some(e) = self.builtins.on_event(now, e, &mut self.node) else {
-                continue;
-            };
             match &e {
-                Event::Message { service, .. } => {
+                Event::Message { service, .. }
+                | Event::Acked { service, .. }
+                | Event::Failed { service, .. } => {
                     let s = *service;
-                    self.push_event(s, e);
+                    self.dispatch(s, e);
                 }
-                // Every poller's engine sees the view change; the first tells the services.
+                // Every poller's engine sees the view change; the first tells everyone.
                 Event::Unreachable(_) | Event::Reachable(_) if self.shard != 0 => {}
-                Event::Unreachable(_) | Event::Reachable(_) => {
-                    let ids: Vec<u16> = self.inboxes.keys().copied().collect();
-                    for s in ids {
-                        self.push_event(s, e.clone());
-                    }
+                Event::Unreachable(_) | Event::Reachable(_) | Event::PeerReset { .. } => {
+                    self.broadcast(e);
                 }
             }
+        }
+        n
+    }
+
+    /// An event for service `id`: to the hosted service that owns it, or to its inbox.
+    fn dispatch(&mut self, id: u16, e: Event) {
+        match self.service_of.get(&id) {
+            Some(&i) => {
+                let now = self.now();
+                self.services[i].on_event(now, &e, &mut self.node);
+            }
+            None => self.push_event(id, e),
+        }
+    }
+
+    /// An event every service and application hears of.
+    fn broadcast(&mut self, e: Event) {
+        let now = self.now();
+        for svc in &mut self.services {
+            svc.on_event(now, &e, &mut self.node);
+        }
+        let ids: Vec<u16> = self.inboxes.keys().copied().collect();
+        for s in ids {
+            self.push_event(s, e.clone());
+        }
+    }
+
+    /// Lets every hosted service send what is due.
+    fn poll_services(&mut self) -> usize {
+        let now = self.now();
+        let mut n = 0;
+        for svc in &mut self.services {
+            n += svc.poll(now, &mut self.node);
         }
         n
     }
@@ -810,7 +871,11 @@ impl Poller {
             .map(|c| c.to_array())
             .collect();
         let snap = EngineSnapshot {
-            transport: TransportStatus::from(t, self.node.transport().in_flight()),
+            transport: TransportStatus::from(
+                t,
+                self.node.transport().in_flight(),
+                self.node.transport().peers() as u64,
+            ),
             forwarded: ns.forwarded,
             key_delivered: ns.key_delivered,
             intercepted: ns.intercepted,

@@ -13,14 +13,13 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use parking_lot::Mutex;
 use serde::Serialize;
-use serde_json::Value;
 use torusnet_proto::node::{Event, MsgOptions, Node, Target};
 use torusnet_proto::routing::LinkView;
+use torusnet_proto::service::Request;
 use torusnet_proto::topology::{Coord, Dims, Dir};
 use torusnet_proto::transport::{self, SendError};
 use torusnet_proto::wire::TORUS_LEN;
 
-use crate::builtin::{BenchRequest, PingRequest};
 use crate::config::{NodeConfig, Polling};
 use crate::counters::{LinkCounters, LinkCountersSnapshot};
 use crate::loader::{AttachPreference, XdpAttachment, XdpCounters};
@@ -29,7 +28,6 @@ use crate::poller::{Poller, Port};
 use crate::xsk::{SocketConfig, Umem, XskSocket, CHUNK};
 
 /// Something for the poller to do on an application's behalf.
-#[derive(Debug)]
 pub enum Command {
     /// Send a message.
     Send {
@@ -56,14 +54,32 @@ pub enum Command {
         [Option<[u8; 6]>; 6],
         Option<std::sync::mpsc::Sender<()>>,
     ),
-    /// Run the built-in ping-pong client.
-    Ping(PingRequest),
-    /// Run the built-in bulk transfer.
-    Bench(BenchRequest),
-    /// Send key-routed probes (built-in key service); the reply says how many went out.
-    SendKeys(Vec<u64>, std::sync::mpsc::Sender<Value>),
-    /// Report (and optionally clear) the key probes delivered here.
-    KeysSeen(bool, std::sync::mpsc::Sender<Value>),
+    /// A request for the hosted service that owns `service` (built-in ping, bench, ...).
+    Request {
+        /// The service id.
+        service: u16,
+        /// What it is asked, in its own type.
+        request: Request,
+    },
+    /// Report acknowledgements of `service`'s reliable messages to it (or stop).
+    NotifyAcks(u16, bool),
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Send {
+                target,
+                service,
+                data,
+                ..
+            } => write!(f, "Send({target:?}, {service}, {} bytes)", data.len()),
+            Command::SetFault { dir, drop } => write!(f, "SetFault({dir}, {drop})"),
+            Command::SetView(..) => f.write_str("SetView"),
+            Command::Request { service, .. } => write!(f, "Request({service})"),
+            Command::NotifyAcks(s, on) => write!(f, "NotifyAcks({s}, {on})"),
+        }
+    }
 }
 
 /// A frame one poller passes to another (pollers own disjoint links and connections).
@@ -230,10 +246,22 @@ pub struct TransportStatus {
     pub out_of_order_frames: u64,
     /// Frames in flight.
     pub in_flight: u64,
+    /// Frames of a connection instance gone on either side, dropped.
+    pub stale_frames: u64,
+    /// SYNC frames sent.
+    pub sync_frames: u64,
+    /// Connections reset because the peer restarted or reset.
+    pub resets: u64,
+    /// Connections given up (silent peer, or unreachable).
+    pub broken: u64,
+    /// Messages reported failed to their services.
+    pub failed_messages: u64,
+    /// Peers with a connection.
+    pub peers: u64,
 }
 
 impl TransportStatus {
-    pub(crate) fn from(s: transport::Stats, in_flight: u64) -> TransportStatus {
+    pub(crate) fn from(s: transport::Stats, in_flight: u64, peers: u64) -> TransportStatus {
         TransportStatus {
             data_frames: s.data_frames,
             retransmitted_frames: s.retransmitted_frames,
@@ -245,6 +273,12 @@ impl TransportStatus {
             duplicate_frames: s.duplicate_frames,
             out_of_order_frames: s.out_of_order_frames,
             in_flight,
+            stale_frames: s.stale_frames,
+            sync_frames: s.sync_frames,
+            resets: s.resets,
+            broken: s.broken,
+            failed_messages: s.failed_messages,
+            peers,
         }
     }
 }
@@ -262,6 +296,10 @@ pub struct Shared {
     pub mtu: u32,
     /// How the poller waits.
     pub polling: Polling,
+    /// This start of the dataplane (random, non-zero): peers tell a restart by it.
+    pub incarnation: u64,
+    /// Largest reliable message.
+    pub max_message: usize,
     /// The links.
     pub links: Vec<LinkInfo>,
     pub(crate) services: Mutex<HashMap<u16, Arc<Inbox>>>,
@@ -290,8 +328,6 @@ impl Shared {
                 target: Target::Server(d),
                 ..
             } => self.shard_of(*d),
-            Command::Ping(p) => self.shard_of(p.to),
-            Command::Bench(b) => self.shard_of(b.to),
             Command::SetFault { dir, .. } => self.link_shard[usize::from(dir.index())].unwrap_or(0),
             Command::SetView(v, macs, ack) => {
                 // Every poller adopts the view; each acknowledges on the same channel.
@@ -299,6 +335,13 @@ impl Shared {
                     let _ = s
                         .commands
                         .push(Command::SetView(v.clone(), *macs, ack.clone()));
+                    s.wake();
+                }
+                0
+            }
+            Command::NotifyAcks(id, on) => {
+                for s in &self.shards[1..] {
+                    let _ = s.commands.push(Command::NotifyAcks(*id, *on));
                     s.wake();
                 }
                 0
@@ -352,14 +395,26 @@ impl Service {
     }
 
     /// Queues a message for the poller; `WouldBlock` when the queue to the poller is full
-    /// (the transport's own back-pressure reaches here through it).
+    /// (the transport's own back-pressure reaches here through it). A message taken ends in
+    /// one report to this service when it was reliable and acknowledgements were asked for
+    /// ([`Service::notify_acks`]), and in an [`Event::Failed`] whenever it cannot be
+    /// delivered, naming it by `opts.tag`.
     pub fn send(&self, target: Target, data: &[u8], opts: MsgOptions) -> Result<(), SendError> {
-        let max_short = self.shared.mtu as usize - TORUS_LEN - 6;
-        if !opts.reliable && data.len() > max_short {
+        let max = if opts.reliable {
+            self.shared.max_message
+        } else {
+            self.shared.mtu as usize - TORUS_LEN - 6
+        };
+        if data.len() > max {
             return Err(SendError::TooLarge {
                 len: data.len(),
-                max: max_short,
+                max,
             });
+        }
+        if let Target::Server(c) = target {
+            if !self.shared.dims.contains(c) {
+                return Err(SendError::Unreachable);
+            }
         }
         let c = Command::Send {
             target,
@@ -394,6 +449,13 @@ impl Service {
         }
     }
 
+    /// Asks for [`Event::Acked`] reports of this service's reliable messages (or stops them).
+    pub fn notify_acks(&self, on: bool) -> Result<(), SendError> {
+        self.shared
+            .push(Command::NotifyAcks(self.id, on))
+            .map_err(|_| SendError::WouldBlock)
+    }
+
     /// The next event, if one is waiting.
     pub fn recv(&self) -> Option<Event> {
         self.inbox.queue.pop()
@@ -417,6 +479,24 @@ impl Service {
             }
         }
     }
+}
+
+/// A random non-zero incarnation for this start of the dataplane, from the kernel's random
+/// pool (the clock as a fallback, so a start never fails for lack of randomness).
+fn draw_incarnation() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let v = if n == 8 {
+        u64::from_ne_bytes(b)
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            ^ u64::from(std::process::id()) << 32
+    };
+    v.max(1)
 }
 
 /// A MAC packed for an atomic: 48 bits, bit 63 = known.
@@ -457,6 +537,12 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         a.duplicate_frames += b.duplicate_frames;
         a.out_of_order_frames += b.out_of_order_frames;
         a.in_flight += b.in_flight;
+        a.stale_frames += b.stale_frames;
+        a.sync_frames += b.sync_frames;
+        a.resets += b.resets;
+        a.broken += b.broken;
+        a.failed_messages += b.failed_messages;
+        a.peers += b.peers;
         total.forwarded += s.forwarded;
         total.key_delivered += s.key_delivered;
         total.intercepted += s.intercepted;
@@ -516,6 +602,8 @@ pub struct Status {
     pub mtu: u32,
     /// busy / adaptive.
     pub polling: Polling,
+    /// This start's incarnation, in hex.
+    pub incarnation: String,
     /// Seconds since start.
     pub uptime_s: f64,
     /// Links.
@@ -603,12 +691,19 @@ impl Dataplane {
         for _ in 0..nshards {
             shards.push(ShardShared::new().map_err(StartError::Thread)?);
         }
+        let incarnation = draw_incarnation();
+        let transport = transport::Config {
+            incarnation,
+            ..cfg.transport
+        };
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),
             dims: cfg.dims,
             coord,
             mtu: cfg.mtu,
             polling: cfg.polling,
+            incarnation,
+            max_message: transport.max_message,
             links: infos,
             services: Mutex::new(HashMap::new()),
             services_version: AtomicU64::new(0),
@@ -619,9 +714,10 @@ impl Dataplane {
         });
         let mut pollers = Vec::new();
         for (shard, (umem, ports)) in umems.into_iter().zip(ports).enumerate() {
-            let node = Node::new(coord, cfg.view.clone(), cfg.transport)
+            let node = Node::new(coord, cfg.view.clone(), transport)
                 .map_err(|e| StartError::Engine(e.to_string()))?;
-            let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize);
+            let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize)
+                .with_services(torusnet_services::builtin::all());
             let core = cfg.cores.get(shard).copied();
             let handle = std::thread::Builder::new()
                 .name(format!("torusd-poll{shard}"))
@@ -718,6 +814,7 @@ impl Dataplane {
             dims: s.dims.to_string(),
             mtu: s.mtu,
             polling: s.polling,
+            incarnation: format!("{:016x}", s.incarnation),
             uptime_s: s.started.elapsed().as_secs_f64(),
             links,
             engine,

@@ -10,6 +10,7 @@ pub mod keyspace;
 pub mod node;
 pub mod rng;
 pub mod routing;
+pub mod service;
 pub mod sim;
 pub mod time;
 pub mod topology;

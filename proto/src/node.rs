@@ -11,7 +11,8 @@ use crate::routing::{LinkView, RouteTable, RoutingError};
 use crate::time::Time;
 use crate::topology::{Coord, Dims, Dir, DirSet};
 use crate::transport::{
-    self, Config as TransportConfig, Fences, LinkSet, Outgoing, RecvError, SendError, Transport,
+    self, Config as TransportConfig, FailReason, Fences, LinkSet, Outgoing, RecvError, SendError,
+    Transport,
 };
 use crate::wire::{self, flags, Dest, FrameView, Header, Kind, HEADERS_LEN};
 
@@ -40,18 +41,21 @@ pub enum DropReason {
     TtlExpired,
     /// The transport refused it (out of window, bad fragment, too many peers...).
     Transport,
+    /// A frame of a connection instance that is gone (sent before a restart or a reset).
+    Stale,
     /// A service on the path consumed it.
     Intercepted,
 }
 
 impl DropReason {
     /// Every reason, for tables.
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 7] = [
         DropReason::Malformed,
         DropReason::BadSource,
         DropReason::Unreachable,
         DropReason::TtlExpired,
         DropReason::Transport,
+        DropReason::Stale,
         DropReason::Intercepted,
     ];
 
@@ -63,6 +67,7 @@ impl DropReason {
             DropReason::Unreachable => "unreachable",
             DropReason::TtlExpired => "ttl_expired",
             DropReason::Transport => "transport",
+            DropReason::Stale => "stale",
             DropReason::Intercepted => "intercepted",
         }
     }
@@ -104,6 +109,78 @@ pub enum Event {
     Unreachable(Coord),
     /// A server became reachable again.
     Reachable(Coord),
+    /// Reliable messages of `service` to `peer` were acknowledged, in send order (`count`
+    /// since the last report, the last tagged `last_tag`); for services that asked.
+    Acked {
+        /// The server they went to.
+        peer: Coord,
+        /// The service that sent them.
+        service: u16,
+        /// How many.
+        count: u32,
+        /// The tag of the last one.
+        last_tag: u64,
+    },
+    /// Messages of `service` to `peer` that will never be delivered (tags in send order).
+    Failed {
+        /// The server they were for.
+        peer: Coord,
+        /// The service that sent them.
+        service: u16,
+        /// Their tags.
+        tags: Vec<u64>,
+        /// Why.
+        reason: FailReason,
+    },
+    /// The peer restarted or reset its connection with this server.
+    PeerReset {
+        /// The peer.
+        peer: Coord,
+        /// Restarted, or reset.
+        reason: FailReason,
+    },
+}
+
+impl From<transport::Event> for Event {
+    fn from(e: transport::Event) -> Event {
+        match e {
+            transport::Event::Message {
+                src,
+                service,
+                data,
+                reliable,
+            } => Event::Message {
+                src,
+                service,
+                data,
+                reliable,
+                key: None,
+            },
+            transport::Event::Acked {
+                peer,
+                service,
+                count,
+                last_tag,
+            } => Event::Acked {
+                peer,
+                service,
+                count,
+                last_tag,
+            },
+            transport::Event::Failed {
+                peer,
+                service,
+                tags,
+                reason,
+            } => Event::Failed {
+                peer,
+                service,
+                tags,
+                reason,
+            },
+            transport::Event::PeerReset { peer, reason } => Event::PeerReset { peer, reason },
+        }
+    }
 }
 
 /// Where a message goes.
@@ -125,6 +202,8 @@ pub struct MsgOptions {
     pub fences: Fences,
     /// Let services on the path see it (key-routed short messages).
     pub intercept: bool,
+    /// The sender's name for the message, returned in its acknowledgement or failure report.
+    pub tag: u64,
 }
 
 /// Counters of the engine.
@@ -242,6 +321,9 @@ impl Node {
             let now = self.routes.is_reachable(c);
             if was && !now {
                 self.events.push_back(Event::Unreachable(c));
+                // The control plane declared it gone: what was not acknowledged is reported
+                // failed now rather than after the silent-peer deadline.
+                self.transport.abort(c, FailReason::Unreachable);
             } else if !was && now {
                 self.events.push_back(Event::Reachable(c));
             }
@@ -275,6 +357,7 @@ impl Node {
             reliable,
             fences,
             intercept,
+            tag,
         } = opts;
         let dest = match target {
             Target::Server(c) => c,
@@ -323,6 +406,7 @@ impl Node {
                 data,
                 reliable,
                 fences,
+                tag,
             },
         )
     }
@@ -406,27 +490,12 @@ impl Node {
             return RxAction::Consumed;
         }
         match self.transport.handle_frame(now, frame) {
-            Ok(()) => {}
-            Err(RecvError::Wire(_)) => return RxAction::Drop(DropReason::Malformed),
-            Err(RecvError::FromSelf) => return RxAction::Drop(DropReason::BadSource),
-            Err(_) => return RxAction::Drop(DropReason::Transport),
+            Ok(()) => RxAction::Consumed,
+            Err(RecvError::Wire(_)) => RxAction::Drop(DropReason::Malformed),
+            Err(RecvError::FromSelf) => RxAction::Drop(DropReason::BadSource),
+            Err(RecvError::Stale) => RxAction::Drop(DropReason::Stale),
+            Err(_) => RxAction::Drop(DropReason::Transport),
         }
-        while let Some(transport::Event::Message {
-            src,
-            service,
-            data,
-            reliable,
-        }) = self.transport.poll_event()
-        {
-            self.events.push_back(Event::Message {
-                src,
-                service,
-                data,
-                reliable,
-                key: None,
-            });
-        }
-        RxAction::Consumed
     }
 
     /// The next frame to send, written into `buf` (which holds `mtu + 14` bytes), on one of
@@ -498,9 +567,30 @@ impl Node {
         self.transport.handle_timeout(now);
     }
 
-    /// The next event for the application.
+    /// The next event for the application: the engine's own, then the transport's.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        if let Some(e) = self.events.pop_front() {
+            return Some(e);
+        }
+        self.transport.poll_event().map(Event::from)
+    }
+
+    /// Tells every server reachable in the current view that this engine (re)started, so
+    /// that connections with an earlier incarnation of it are reset at once (see
+    /// [`Transport::announce`]).
+    pub fn announce(&mut self) {
+        let routes = &self.routes;
+        let peers: Vec<Coord> = self
+            .dims
+            .coords()
+            .filter(|c| *c != self.local && routes.is_reachable(*c))
+            .collect();
+        self.transport.announce(peers);
+    }
+
+    /// Whether `service` gets [`Event::Acked`] reports.
+    pub fn notify_acks(&mut self, service: u16, on: bool) {
+        self.transport.notify_acks(service, on);
     }
 
     /// Whether anything waits to be sent (so the driver should not sleep).

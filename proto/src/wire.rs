@@ -1,4 +1,4 @@
-//! The torus frame format (docs/wire.md): an Ethernet header, a fixed 56-byte torus
+//! The torus frame format (docs/wire.md): an Ethernet header, a fixed 64-byte torus
 //! header, and a payload that is either one message (or one fragment of one) or, in
 //! aggregated frames, many small messages each behind a 6-byte message header.
 //!
@@ -18,7 +18,7 @@ pub const VERSION: u8 = 1;
 /// Bytes of the Ethernet header (no VLAN tag: torus links are point-to-point).
 pub const ETH_LEN: usize = 14;
 /// Bytes of the torus header.
-pub const TORUS_LEN: usize = 56;
+pub const TORUS_LEN: usize = 64;
 /// Bytes before the payload: Ethernet plus torus header.
 pub const HEADERS_LEN: usize = ETH_LEN + TORUS_LEN;
 /// Bytes of the per-message header inside an aggregated frame.
@@ -50,7 +50,7 @@ pub mod offset {
     pub const PAYLOAD_LEN: usize = ETH_LEN + 14;
     /// Destination: a coordinate (3 x u16 + u16 zero) or a routing key (u64).
     pub const DST: usize = ETH_LEN + 16;
-    /// Connection id, u32.
+    /// The sender's connection id (drawn afresh for every connection instance), u32.
     pub const CONN: usize = ETH_LEN + 24;
     /// Sequence number, u32.
     pub const SEQ: usize = ETH_LEN + 28;
@@ -65,6 +65,10 @@ pub mod offset {
     pub const FENCE: usize = ETH_LEN + 44;
     /// Selective-ack bitmap, u64: bit i set = frame `ack + 1 + i` was received.
     pub const SACK: usize = ETH_LEN + 48;
+    /// The receiver's connection id as the sender knows it (0: not yet known), u32.
+    pub const PEER_CONN: usize = ETH_LEN + 56;
+    /// Reserved, u32: must be zero.
+    pub const RESERVED: usize = ETH_LEN + 60;
 }
 
 /// Why bytes were refused as a torus frame.
@@ -101,6 +105,9 @@ pub enum WireError {
     /// A coordinate destination with a non-zero padding field.
     #[error("coordinate destination has non-zero padding")]
     DstPadding,
+    /// The reserved header word is not zero.
+    #[error("reserved header field is not zero")]
+    ReservedField,
     /// An aggregated message header that runs past the end of the payload.
     #[error("aggregated message at offset {at} runs past the payload ({len} bytes)")]
     MessageOverrun {
@@ -135,6 +142,10 @@ pub enum Kind {
     Nack = 2,
     /// An in-band control message between dataplanes.
     Control = 3,
+    /// Connection setup and reset: the sender's connection id (`conn`), the receiver's as
+    /// the sender knows it (`peer_conn`, 0 when unknown) and, as an 8-byte payload, the
+    /// sender's incarnation (drawn at every start of its dataplane).
+    Sync = 4,
 }
 
 impl Kind {
@@ -145,6 +156,7 @@ impl Kind {
             1 => Ok(Kind::Ack),
             2 => Ok(Kind::Nack),
             3 => Ok(Kind::Control),
+            4 => Ok(Kind::Sync),
             other => Err(WireError::Kind(other)),
         }
     }
@@ -214,8 +226,11 @@ pub struct Header {
     pub src: Coord,
     /// Where it is going.
     pub dst: Dest,
-    /// Connection id within the (src, dst) pair.
+    /// The sender's connection id: which instance of the connection between the two
+    /// servers the frame belongs to (0 for frames outside connections).
     pub conn: u32,
+    /// The receiver's connection id as the sender knows it (0: unknown).
+    pub peer_conn: u32,
     /// Sequence number of this frame in its connection.
     pub seq: u32,
     /// Cumulative acknowledgement: the next sequence number the sender expects.
@@ -245,6 +260,7 @@ impl Header {
             src,
             dst,
             conn: 0,
+            peer_conn: 0,
             seq: 0,
             ack: 0,
             msn: 0,
@@ -276,6 +292,7 @@ impl Header {
             src: v.src(),
             dst,
             conn: v.conn(),
+            peer_conn: v.peer_conn(),
             seq: v.seq(),
             ack: v.ack(),
             msn: v.msn(),
@@ -328,6 +345,8 @@ impl Header {
         put(buf, offset::FRAG, &self.frag.to_be_bytes());
         put(buf, offset::FENCE, &self.fence.to_be_bytes());
         put(buf, offset::SACK, &self.sack.to_be_bytes());
+        put(buf, offset::PEER_CONN, &self.peer_conn.to_be_bytes());
+        put(buf, offset::RESERVED, &[0; 4]);
         Ok(())
     }
 
@@ -389,6 +408,9 @@ impl<'a> FrameView<'a> {
         let reserved = v.flags() & !flags::KNOWN;
         if reserved != 0 {
             return Err(WireError::ReservedFlags(reserved));
+        }
+        if v.u32_at(offset::RESERVED) != 0 {
+            return Err(WireError::ReservedField);
         }
         let have = buf.len() - HEADERS_LEN;
         let claimed = v.payload_len();
@@ -472,9 +494,13 @@ impl<'a> FrameView<'a> {
             Dest::Server(self.coord_at(offset::DST))
         }
     }
-    /// Connection id.
+    /// The sender's connection id.
     pub fn conn(&self) -> u32 {
         self.u32_at(offset::CONN)
+    }
+    /// The receiver's connection id as the sender knows it.
+    pub fn peer_conn(&self) -> u32 {
+        self.u32_at(offset::PEER_CONN)
     }
     /// Sequence number.
     pub fn seq(&self) -> u32 {

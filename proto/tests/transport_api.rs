@@ -20,6 +20,7 @@ fn msg(data: &[u8], service: u16) -> Outgoing<'_> {
         data,
         reliable: true,
         fences: Fences::default(),
+        tag: 0,
     }
 }
 
@@ -27,15 +28,47 @@ fn one_link(_: Coord) -> LinkSet {
     LinkSet::first(1)
 }
 
+/// Passes frames both ways over one lossless link until neither side has anything to send;
+/// returns the frames that went from `a` to `b`.
+fn pump(a: &mut Transport, b: &mut Transport, t: Time) -> Vec<Vec<u8>> {
+    let mut buf = vec![0u8; 1514];
+    let mut out = Vec::new();
+    loop {
+        let mut moved = false;
+        while let Some(tx) = a.poll_transmit(t, LinkSet::first(1), &one_link, &mut buf) {
+            let _ = b.handle_frame(t, &buf[..tx.len]);
+            out.push(buf[..tx.len].to_vec());
+            moved = true;
+        }
+        while let Some(tx) = b.poll_transmit(t, LinkSet::first(1), &one_link, &mut buf) {
+            let _ = a.handle_frame(t, &buf[..tx.len]);
+            moved = true;
+        }
+        if !moved {
+            return out;
+        }
+    }
+}
+
+/// Two transports with an established connection between them.
+fn pair(cfg: Config) -> (Transport, Transport) {
+    let mut a = Transport::new(A, cfg);
+    let mut b = Transport::new(B, cfg);
+    a.connect(Time::ZERO, B).unwrap();
+    pump(&mut a, &mut b, Time::ZERO);
+    assert!(a.is_established(B) && b.is_established(A));
+    // Timer entries the handshake left behind fire (and find nothing to do).
+    a.handle_timeout(Time::ZERO);
+    b.handle_timeout(Time::ZERO);
+    (a, b)
+}
+
 #[test]
 fn queue_is_bounded_and_refusals_take_nothing() {
-    let mut a = Transport::new(
-        A,
-        Config {
-            queue_bytes: 1000,
-            ..Config::default()
-        },
-    );
+    let (mut a, mut b) = pair(Config {
+        queue_bytes: 1000,
+        ..Config::default()
+    });
     let t = Time::ZERO;
     let mut sent = 0;
     while a.send(t, msg(&[1; 100], 1)).is_ok() {
@@ -57,18 +90,13 @@ fn queue_is_bounded_and_refusals_take_nothing() {
     };
     assert_eq!(a.send(t, to_self), Err(SendError::ToSelf));
     // Draining the queue makes room again.
-    let mut buf = vec![0u8; 1514];
-    while a
-        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf)
-        .is_some()
-    {}
+    pump(&mut a, &mut b, t);
     assert!(a.send(t, msg(&[1; 100], 1)).is_ok());
 }
 
 #[test]
 fn bad_frames_are_refused_and_the_transport_keeps_serving() {
-    let mut a = Transport::new(A, Config::default());
-    let mut b = Transport::new(B, Config::default());
+    let (mut a, mut b) = pair(Config::default());
     let t = Time::ZERO;
     let mut garbage = vec![0u8; 200];
     garbage[12..14].copy_from_slice(&wire::ETHERTYPE_DATA.to_be_bytes());
@@ -92,6 +120,15 @@ fn bad_frames_are_refused_and_the_transport_keeps_serving() {
     h.flags = wire::flags::RELIABLE;
     h.seq = 1 << 30;
     h.emit(&mut frame).unwrap();
+    assert_eq!(
+        b.handle_frame(t, &frame),
+        Err(RecvError::Stale),
+        "no connection ids: not of this connection"
+    );
+    let (cid, peer) = a.connection_ids(B).unwrap();
+    h.conn = cid;
+    h.peer_conn = peer.unwrap();
+    h.emit(&mut frame).unwrap();
     assert_eq!(b.handle_frame(t, &frame), Err(RecvError::OutOfWindow));
     // An aggregated frame with a broken message is refused whole.
     let mut agg = vec![0u8; HEADERS_LEN + 10];
@@ -101,15 +138,11 @@ fn bad_frames_are_refused_and_the_transport_keeps_serving() {
     h.emit(&mut agg).unwrap();
     agg[HEADERS_LEN..HEADERS_LEN + 2].copy_from_slice(&100u16.to_be_bytes());
     assert!(matches!(b.handle_frame(t, &agg), Err(RecvError::Wire(_))));
-    assert_eq!(b.stats().dropped_frames, 6);
+    assert_eq!(b.stats().dropped_frames, 7);
 
     // After all that, a real message still gets through.
     a.send(t, msg(b"still here", 4)).unwrap();
-    let mut buf = vec![0u8; 1514];
-    let tx = a
-        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf)
-        .unwrap();
-    b.handle_frame(t, &buf[..tx.len]).unwrap();
+    pump(&mut a, &mut b, t);
     assert_eq!(
         b.poll_event(),
         Some(Event::Message {
@@ -123,7 +156,7 @@ fn bad_frames_are_refused_and_the_transport_keeps_serving() {
 
 #[test]
 fn services_share_a_link_fairly_by_weight() {
-    let mut a = Transport::new(A, Config::default());
+    let (mut a, _b) = pair(Config::default());
     a.configure_service(2, 3, 1 << 20);
     let t = Time::ZERO;
     for _ in 0..200 {
@@ -150,7 +183,7 @@ fn aggregation_deadline_holds_partial_frames() {
         agg_delay: Duration::from_micros(50),
         ..Config::default()
     };
-    let mut a = Transport::new(A, cfg);
+    let (mut a, _b) = pair(cfg);
     let t0 = Time::ZERO;
     a.send(t0, msg(&[7; 64], 1)).unwrap();
     let mut buf = vec![0u8; 1514];
@@ -186,7 +219,7 @@ fn aggregation_deadline_holds_partial_frames() {
 
 #[test]
 fn unreachable_peer_holds_its_messages_only() {
-    let mut a = Transport::new(A, Config::default());
+    let (mut a, _b) = pair(Config::default());
     let c = Coord::new(0, 1, 0);
     let t = Time::ZERO;
     a.send(

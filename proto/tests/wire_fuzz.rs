@@ -92,11 +92,11 @@ proptest! {
     /// Any header the parser can express survives emit -> view -> parse unchanged.
     #[test]
     fn header_round_trip(
-        kind in 0u8..4, fl in any::<u16>(), ttl in any::<u8>(), hops in any::<u8>(),
+        kind in 0u8..5, fl in any::<u16>(), ttl in any::<u8>(), hops in any::<u8>(),
         service in any::<u16>(), src in any::<(u16, u16, u16)>(), key in any::<Option<u64>>(),
         dc in any::<(u16, u16, u16)>(), conn in any::<u32>(), seq in any::<u32>(),
         ack in any::<u32>(), frag in any::<u32>(), sack in any::<u64>(), plen in 0u16..100,
-        msn in any::<u32>(), fence in any::<u32>(),
+        msn in any::<u32>(), fence in any::<u32>(), peer_conn in any::<u32>(),
     ) {
         let dst = match key {
             Some(k) => Dest::Key(k),
@@ -106,7 +106,7 @@ proptest! {
             | if key.is_some() { wire::flags::KEY_ROUTED } else { 0 };
         let h = Header {
             kind: Kind::from_u8(kind).unwrap(), flags, ttl, hops, service,
-            src: Coord::new(src.0, src.1, src.2), dst, conn, seq, ack, msn, frag, fence, sack,
+            src: Coord::new(src.0, src.1, src.2), dst, conn, peer_conn, seq, ack, msn, frag, fence, sack,
             payload_len: plen,
         };
         let mut buf = vec![0u8; HEADERS_LEN + usize::from(plen)];

@@ -126,6 +126,9 @@ enum Cmd {
         /// Reliable messages instead of short ones.
         #[arg(long)]
         reliable: bool,
+        /// Give up after this many milliseconds (default: 10 s plus 1 ms per round trip).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+        timeout_ms: Option<u64>,
     },
     /// A checked bulk transfer through torusd's built-in bench service (JSON).
     Bench {
@@ -144,6 +147,10 @@ enum Cmd {
         /// Fence every n-th message (0: none).
         #[arg(long, default_value_t = 0)]
         fence_every: u64,
+        /// Give up after this many milliseconds (default: the time 10 MB/s would take, at
+        /// least a minute).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+        timeout_ms: Option<u64>,
     },
     /// Drop data frames arriving on one of torusd's links, in the kernel (tests).
     Fault {
@@ -267,9 +274,11 @@ fn run(cmd: Cmd) -> Result<String, String> {
             count,
             size,
             reliable,
+            timeout_ms,
         } => {
-            let req = serde_json::json!({"cmd": "ping", "to": to.to_string(), "count": count, "size": size, "reliable": reliable});
-            return dpclient::request(&socket, &req, Duration::from_secs(600))
+            let limit = timeout_ms.unwrap_or(10_000 + count.min(3_590_000));
+            let req = serde_json::json!({"cmd": "ping", "to": to.to_string(), "count": count, "size": size, "reliable": reliable, "timeout_ms": limit});
+            return dpclient::request(&socket, &req, Duration::from_millis(limit + 5000))
                 .map(|v| v.to_string());
         }
         Cmd::Bench {
@@ -278,9 +287,11 @@ fn run(cmd: Cmd) -> Result<String, String> {
             bytes,
             size,
             fence_every,
+            timeout_ms,
         } => {
-            let req = serde_json::json!({"cmd": "bench", "to": to.to_string(), "bytes": bytes, "size": size, "fence_every": fence_every});
-            return dpclient::request(&socket, &req, Duration::from_secs(1800))
+            let limit = timeout_ms.unwrap_or((bytes / 10_000).clamp(60_000, 3_600_000));
+            let req = serde_json::json!({"cmd": "bench", "to": to.to_string(), "bytes": bytes, "size": size, "fence_every": fence_every, "timeout_ms": limit});
+            return dpclient::request(&socket, &req, Duration::from_millis(limit + 5000))
                 .map(|v| v.to_string());
         }
         Cmd::Fault { socket, link, drop } => {

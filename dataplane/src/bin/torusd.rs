@@ -67,6 +67,9 @@ fn main() -> ExitCode {
         }
     };
     let (name, socket) = (cfg.name.clone(), cfg.socket.clone());
+    if let Some(c) = &cfg.control_socket {
+        torusnet_dataplane::mgmt::ask_for_view(c);
+    }
     let daemon = match Daemon::new(cfg) {
         Ok(d) => d,
         Err(e) => {

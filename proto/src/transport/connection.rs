@@ -6,12 +6,28 @@
 //! frame; fences are per connection, as MultiEdge defines them ("operations issued by this
 //! source node to the same destination").
 
+use super::completion::Completions;
 use super::delivery::Delivery;
+use super::lifecycle::{Lifecycle, LifecycleConfig};
+use super::pool::BufferPool;
 use super::receiver::{RecvConfig, RecvWindow};
 use super::sender::{SendConfig, SendWindow};
 use super::{LinkId, LinkSet};
 use crate::time::Time;
 use crate::topology::Coord;
+
+/// Settings a connection is built from (kept to rebuild its streams on a reset).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnConfig {
+    /// The send side.
+    pub send: SendConfig,
+    /// The receive side.
+    pub recv: RecvConfig,
+    /// The lifecycle (handshake, deadline).
+    pub life: LifecycleConfig,
+    /// Largest reassembled message.
+    pub max_message: usize,
+}
 
 /// State of the connection with one peer.
 #[derive(Debug)]
@@ -34,25 +50,45 @@ pub struct Connection {
     pub urgent: bool,
     /// The deadline of its live entry in the transport's timer heap, if it has one.
     pub timer: Option<Time>,
+    /// Which instance of the connection this is, and what it knows of the peer's.
+    pub life: Lifecycle,
+    /// Messages framed and not yet acknowledged, for the sender's reports.
+    pub sent: Completions,
     /// The link the last frame went out on (striping cursor).
     rr: LinkId,
+    cfg: ConnConfig,
 }
 
 impl Connection {
-    /// A fresh connection with `peer`.
-    pub fn new(peer: Coord, send: SendConfig, recv: RecvConfig, max_message: usize) -> Connection {
+    /// A fresh connection with `peer`, as instance `cid`.
+    pub fn new(peer: Coord, cid: u32, cfg: ConnConfig) -> Connection {
         Connection {
             peer,
-            send: SendWindow::new(send),
-            recv: RecvWindow::new(recv),
-            delivery: Delivery::new(max_message),
+            send: SendWindow::new(cfg.send),
+            recv: RecvWindow::new(cfg.recv),
+            delivery: Delivery::new(cfg.max_message),
             next_msn: 0,
             last_fwd: None,
             queued: 0,
             urgent: false,
             timer: None,
+            life: Lifecycle::new(cid, cfg.life),
+            sent: Completions::default(),
             rr: LinkId::MAX,
+            cfg,
         }
+    }
+
+    /// Starts both streams over (the peer's instance changed): frames in flight and partly
+    /// received messages are dropped, the buffers go back to `pool`. The unacknowledged
+    /// messages stay in `sent` for the caller to report; the lifecycle is kept.
+    pub fn reset_streams(&mut self, pool: &mut BufferPool) {
+        self.send.release(pool);
+        self.send = SendWindow::new(self.cfg.send);
+        self.recv = RecvWindow::new(self.cfg.recv);
+        self.delivery = Delivery::new(self.cfg.max_message);
+        self.next_msn = 0;
+        self.last_fwd = None;
     }
 
     /// Round-robin striping: the first usable link after the one used last.
@@ -76,15 +112,14 @@ mod tests {
 
     #[test]
     fn stripes_round_robin_over_usable_links() {
-        let mut c = Connection::new(
-            Coord::default(),
-            SendConfig {
+        let cfg = ConnConfig {
+            send: SendConfig {
                 window: 8,
                 min_rto: Duration::from_millis(1),
                 max_rto: Duration::from_millis(10),
                 initial_rto: Duration::from_millis(2),
             },
-            RecvConfig {
+            recv: RecvConfig {
                 window: 8,
                 ack_every: 2,
                 ack_delay: Duration::from_micros(10),
@@ -92,8 +127,13 @@ mod tests {
                 nack_retry: Duration::from_millis(1),
                 nack_retry_min: Duration::from_micros(10),
             },
-            1000,
-        );
+            life: LifecycleConfig {
+                broken_after: Duration::from_secs(1),
+                sync_retry: Duration::from_millis(5),
+            },
+            max_message: 1000,
+        };
+        let mut c = Connection::new(Coord::default(), 1, cfg);
         let three = LinkSet::first(3);
         let picks: Vec<LinkId> = (0..6).filter_map(|_| c.next_link(three)).collect();
         assert_eq!(picks, [0, 1, 2, 0, 1, 2]);

@@ -13,6 +13,8 @@ use crate::topology::Coord;
 /// A message waiting in a service queue (its bytes sit in the queue's byte ring).
 #[derive(Debug, Clone, Copy)]
 pub struct Queued {
+    /// The sender's name for it (returned in its acknowledgement or failure report).
+    pub tag: u64,
     /// The server it goes to.
     pub dest: Coord,
     /// Its length in bytes.
@@ -206,6 +208,34 @@ impl FairQueue {
     pub fn total_bytes(&self) -> usize {
         self.queues.iter().map(|q| q.bytes.len()).sum()
     }
+
+    /// Takes every message to `dest` out of every queue (a partly sent one too), returning
+    /// (service, tag) of each, in queue order. Rare (a connection ends), so it rebuilds the
+    /// queues that held any.
+    pub fn remove_dest(&mut self, dest: Coord) -> Vec<(u16, u64)> {
+        let mut out = Vec::new();
+        for q in &mut self.queues {
+            if !q.meta.iter().any(|m| m.dest == dest) {
+                continue;
+            }
+            let mut meta = VecDeque::with_capacity(q.meta.len());
+            let mut bytes = VecDeque::with_capacity(q.bytes.len());
+            let mut at = 0usize;
+            for m in q.meta.drain(..) {
+                let n = (m.len - m.sent) as usize;
+                if m.dest == dest {
+                    out.push((q.service, m.tag));
+                } else {
+                    bytes.extend(q.bytes.range(at..at + n));
+                    meta.push_back(m);
+                }
+                at += n;
+            }
+            q.meta = meta;
+            q.bytes = bytes;
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -214,6 +244,7 @@ mod tests {
 
     fn msg(len: u32) -> Queued {
         Queued {
+            tag: 0,
             dest: Coord::new(1, 0, 0),
             len,
             reliable: true,
@@ -263,5 +294,29 @@ mod tests {
         q.take(&mut b);
         assert_eq!(&b, b"yo");
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn remove_dest_keeps_the_others_bytes() {
+        let mut fq = FairQueue::new(1000);
+        let to = |x: u16, tag: u64, len: u32| Queued {
+            dest: Coord::new(x, 0, 0),
+            tag,
+            ..msg(len)
+        };
+        fq.push(1, to(1, 10, 5), b"hello").unwrap();
+        fq.push(1, to(2, 11, 3), b"abc").unwrap();
+        fq.push(1, to(1, 12, 2), b"yo").unwrap();
+        fq.push(2, to(2, 20, 1), b"z").unwrap();
+        let mut part = [0u8; 2];
+        fq.queue_mut(0).take(&mut part);
+        assert_eq!(fq.remove_dest(Coord::new(1, 0, 0)), [(1, 10), (1, 12)]);
+        let q = fq.queue_mut(0);
+        assert_eq!(q.len(), 1);
+        let mut b = [0u8; 3];
+        q.take(&mut b);
+        assert_eq!(&b, b"abc");
+        assert_eq!(fq.total(), 1);
+        assert!(fq.remove_dest(Coord::new(9, 0, 0)).is_empty());
     }
 }

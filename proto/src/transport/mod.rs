@@ -22,10 +22,15 @@
 //! - Aggregation: consecutive small messages of a service to the same peer share a frame up
 //!   to the MTU, flushed as soon as a link has room (or after `agg_delay` when that is set).
 //! - Fair queuing among services: [`fair_queue`].
+//! - Connection instances, the SYNC handshake, resets on a peer's restart and the deadline
+//!   for silent peers: [`lifecycle`]; every reliable message ends in one report to its
+//!   service, acknowledged or failed: [`completion`].
 
+pub mod completion;
 pub mod connection;
 pub mod delivery;
 pub mod fair_queue;
+pub mod lifecycle;
 pub mod pool;
 pub mod receiver;
 pub mod sender;
@@ -36,13 +41,17 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 use std::time::Duration;
 
-use connection::Connection;
+use completion::AckedRun;
+use connection::{ConnConfig, Connection};
 pub use delivery::Fences;
 use delivery::{DeliveryError, Released};
 use fair_queue::{FairQueue, Queued};
+pub use lifecycle::FailReason;
+use lifecycle::{LifecycleConfig, SyncOutcome};
 use receiver::{Arrival, RecvConfig};
 use sender::SendConfig;
 
+use crate::rng::SplitMix64;
 use crate::time::Time;
 use crate::topology::Coord;
 use crate::wire::{
@@ -146,6 +155,15 @@ pub struct Config {
     pub queue_bytes: usize,
     /// Most peers a server keeps connections with (bounds memory under hostile input).
     pub max_peers: usize,
+    /// This dataplane's incarnation, drawn at every start: SYNCs carry it, so a peer tells
+    /// a restart from a reset, and connection ids are drawn from it.
+    pub incarnation: u64,
+    /// A connection that waits for its peer this long without any progress (no
+    /// acknowledgement, no answer to its SYNC) is broken: its messages are reported failed
+    /// and its memory released. Many RTOs, so loss alone never breaks a connection.
+    pub broken_after: Duration,
+    /// First interval between unanswered SYNCs (then doubling).
+    pub sync_retry: Duration,
 }
 
 impl Default for Config {
@@ -166,6 +184,9 @@ impl Default for Config {
             max_message: 64 << 20,
             queue_bytes: 1 << 20,
             max_peers: 1 << 16,
+            incarnation: 0,
+            broken_after: Duration::from_secs(3),
+            sync_retry: Duration::from_millis(5),
         }
     }
 }
@@ -190,6 +211,8 @@ pub struct Outgoing<'a> {
     pub reliable: bool,
     /// Ordering constraints (reliable messages only).
     pub fences: Fences,
+    /// The sender's name for the message, returned in its acknowledgement or failure report.
+    pub tag: u64,
 }
 
 /// Why [`Transport::send`] refused a message; the message was not taken.
@@ -213,6 +236,9 @@ pub enum SendError {
     /// queued, the message would block its service's queue behind it.
     #[error("destination unreachable")]
     Unreachable,
+    /// A new peer beyond `max_peers`.
+    #[error("too many peers")]
+    TooManyPeers,
 }
 
 /// Why a frame handed to [`Transport::handle_frame`] was dropped. The transport's state is
@@ -240,6 +266,13 @@ pub enum RecvError {
     /// A fragment that does not fit its message.
     #[error("bad fragment: {0}")]
     Fragment(#[from] DeliveryError),
+    /// A frame of a connection instance that is gone on either side (sent before a restart
+    /// or a reset): dropped, and the peer is told with a SYNC.
+    #[error("frame of a stale connection instance")]
+    Stale,
+    /// A SYNC without its incarnation.
+    #[error("SYNC frame without an incarnation")]
+    BadSync,
 }
 
 /// Something the application learns from the transport.
@@ -255,6 +288,40 @@ pub enum Event {
         data: Vec<u8>,
         /// Whether it came reliably (else as a short message).
         reliable: bool,
+    },
+    /// Reliable messages of `service` to `peer` were acknowledged, in send order: `count` of
+    /// them since the last report, the last one tagged `last_tag`. Only for services that
+    /// asked ([`Transport::notify_acks`]).
+    Acked {
+        /// The server they went to.
+        peer: Coord,
+        /// The service that sent them.
+        service: u16,
+        /// How many.
+        count: u32,
+        /// The tag of the last one.
+        last_tag: u64,
+    },
+    /// Messages of `service` to `peer` that this connection will never deliver: they were
+    /// not acknowledged when the connection ended. (They may have reached a peer that then
+    /// lost them; they were never re-sent to a new instance of it.)
+    Failed {
+        /// The server they were for.
+        peer: Coord,
+        /// The service that sent them.
+        service: u16,
+        /// Their tags, in send order.
+        tags: Vec<u64>,
+        /// Why.
+        reason: FailReason,
+    },
+    /// The peer's end of the connection changed (it restarted, or dropped the connection):
+    /// whatever a service kept about the peer's state may be stale.
+    PeerReset {
+        /// The peer.
+        peer: Coord,
+        /// Restarted, or reset.
+        reason: FailReason,
     },
 }
 
@@ -285,6 +352,8 @@ pub enum TxKind {
     Nack,
     /// Short (unreliable) messages.
     Short,
+    /// Connection setup or reset.
+    Sync,
 }
 
 /// Counters of one transport.
@@ -314,6 +383,16 @@ pub struct Stats {
     pub dropped_frames: u64,
     /// Messages delivered to the application.
     pub messages_delivered: u64,
+    /// Frames of a connection instance gone on either side, dropped.
+    pub stale_frames: u64,
+    /// SYNC frames sent.
+    pub sync_frames: u64,
+    /// Connections reset because the peer's instance changed.
+    pub resets: u64,
+    /// Connections given up: silent, or the peer unreachable.
+    pub broken: u64,
+    /// Messages reported failed to their services.
+    pub failed_messages: u64,
 }
 
 /// The reliable transport of one server.
@@ -339,6 +418,26 @@ pub struct Transport {
     pool: pool::BufferPool,
     /// Scratch list of peers whose timers are due (kept to avoid an allocation per call).
     due: Vec<Coord>,
+    /// Draws connection ids.
+    rng: SplitMix64,
+    /// Services that want [`Event::Acked`].
+    notify: rustc_hash::FxHashSet<u16>,
+    /// Scratch for acknowledged runs.
+    acked: Vec<AckedRun>,
+    /// Peers still to be told of this start ([`Transport::announce`]).
+    announce: VecDeque<Coord>,
+}
+
+/// Bytes of a SYNC payload: the sender's incarnation (u64) and flags (u8).
+const SYNC_PAYLOAD: usize = 9;
+/// SYNC flag: an announcement of a (re)start, not a handshake (no connection id).
+const SYNC_ANNOUNCE: u8 = 1;
+
+/// A SYNC's incarnation and flags.
+fn sync_payload(view: &FrameView<'_>) -> Option<(u64, u8)> {
+    let p = view.payload();
+    let inc = u64::from_be_bytes(p.get(..8)?.try_into().ok()?);
+    Some((inc, *p.get(8)?))
 }
 
 /// Idle frame buffers a transport keeps: enough to absorb the swings of frames in flight
@@ -361,6 +460,14 @@ impl Transport {
             deadlines: std::collections::BinaryHeap::new(),
             pool: pool::BufferPool::new(POOL_BUFFERS),
             due: Vec::new(),
+            rng: SplitMix64::new(
+                cfg.incarnation
+                    ^ (u64::from(local.x) << 32 | u64::from(local.y) << 16 | u64::from(local.z))
+                        .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            ),
+            notify: Default::default(),
+            acked: Vec::new(),
+            announce: VecDeque::new(),
         }
     }
 
@@ -413,6 +520,116 @@ impl Transport {
         self.queues.configure(service, weight, queue_bytes);
     }
 
+    /// Whether `service` gets an [`Event::Acked`] as its reliable messages are acknowledged
+    /// (failures are always reported).
+    pub fn notify_acks(&mut self, service: u16, on: bool) {
+        if on {
+            self.notify.insert(service);
+        } else {
+            self.notify.remove(&service);
+        }
+    }
+
+    /// The connection id of the current instance with `peer`, and the peer's as known.
+    pub fn connection_ids(&self, peer: Coord) -> Option<(u32, Option<u32>)> {
+        self.conns
+            .get(&peer)
+            .map(|c| (c.life.cid(), c.life.peer_cid()))
+    }
+
+    /// Peers with a connection (for reports).
+    pub fn peers(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Opens the connection with `peer` ahead of any message (the handshake takes a round
+    /// trip; sends made meanwhile wait for it).
+    pub fn connect(&mut self, now: Time, peer: Coord) -> Result<(), SendError> {
+        if peer == self.local {
+            return Err(SendError::ToSelf);
+        }
+        if !self.conns.contains_key(&peer) {
+            if self.conns.len() >= self.cfg.max_peers {
+                return Err(SendError::TooManyPeers);
+            }
+            let c = self.new_conn(peer);
+            self.conns.insert(peer, c);
+        }
+        if let Some(c) = self.conns.get_mut(&peer) {
+            if !c.life.established() {
+                c.life.want_sync(now);
+                c.life.set_waiting(now, true, false);
+                self.mark_urgent(peer);
+                self.note(peer);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the connection with `peer` is established (its SYNC was answered).
+    pub fn is_established(&self, peer: Coord) -> bool {
+        self.conns.get(&peer).is_some_and(|c| c.life.established())
+    }
+
+    /// Ends the connection with `peer` (the peer became unreachable): every message not
+    /// acknowledged is reported failed, its memory is released, and a later send starts a
+    /// new instance.
+    pub fn abort(&mut self, peer: Coord, reason: FailReason) {
+        let Some(mut c) = self.conns.remove(&peer) else {
+            return;
+        };
+        let mut failed: Vec<(u16, u64)> = c.sent.drain().collect();
+        failed.extend(self.queues.remove_dest(peer));
+        c.send.release(&mut self.pool);
+        self.stats.broken += 1;
+        self.report_failed(peer, failed, reason);
+    }
+
+    /// The peer's instance changed: both streams start over, and what was not acknowledged
+    /// (framed or still queued) is reported failed.
+    fn reset_conn(&mut self, peer: Coord, reason: FailReason) {
+        let Some(c) = self.conns.get_mut(&peer) else {
+            return;
+        };
+        let mut failed: Vec<(u16, u64)> = c.sent.drain().collect();
+        c.reset_streams(&mut self.pool);
+        c.queued = 0;
+        failed.extend(self.queues.remove_dest(peer));
+        self.stats.resets += 1;
+        self.report_failed(peer, failed, reason);
+        self.events.push_back(Event::PeerReset { peer, reason });
+    }
+
+    /// One [`Event::Failed`] per service, tags in send order.
+    fn report_failed(&mut self, peer: Coord, failed: Vec<(u16, u64)>, reason: FailReason) {
+        let mut by_service: Vec<(u16, Vec<u64>)> = Vec::new();
+        for (service, tag) in failed {
+            match by_service.iter_mut().find(|(s, _)| *s == service) {
+                Some((_, tags)) => tags.push(tag),
+                None => by_service.push((service, vec![tag])),
+            }
+        }
+        for (service, tags) in by_service {
+            self.stats.failed_messages += tags.len() as u64;
+            self.events.push_back(Event::Failed {
+                peer,
+                service,
+                tags,
+                reason,
+            });
+        }
+    }
+
+    /// Marks `peer` as having something urgent (SYNC, retransmission, ACK, NACK) to send.
+    fn mark_urgent(&mut self, peer: Coord) {
+        if let Some(c) = self.conns.get_mut(&peer) {
+            if !c.urgent {
+                c.urgent = true;
+                self.urgent.push_back(peer);
+            }
+        }
+    }
+
     /// Queues a message. Refused (nothing taken) when the service's queue is full.
     pub fn send(&mut self, now: Time, m: Outgoing<'_>) -> Result<(), SendError> {
         if m.dest == self.local {
@@ -429,7 +646,11 @@ impl Transport {
                 max,
             });
         }
+        if !self.conns.contains_key(&m.dest) && self.conns.len() >= self.cfg.max_peers {
+            return Err(SendError::TooManyPeers);
+        }
         let q = Queued {
+            tag: m.tag,
             dest: m.dest,
             len: m.data.len() as u32,
             reliable: m.reliable,
@@ -446,26 +667,38 @@ impl Transport {
         self.queues
             .push(m.service, q, m.data)
             .map_err(|_| SendError::WouldBlock)?;
+        if !self.conns.contains_key(&m.dest) {
+            let c = self.new_conn(m.dest);
+            self.conns.insert(m.dest, c);
+        }
         if let Some(c) = self.conns.get_mut(&m.dest) {
             c.queued += 1;
-        } else if self.conns.len() < self.cfg.max_peers {
-            let mut c = self.new_conn(m.dest);
-            c.queued = 1;
-            self.conns.insert(m.dest, c);
+            if m.reliable && !c.life.established() {
+                // Nothing goes before the handshake: ask for it, and start the deadline.
+                c.life.want_sync(now);
+                c.life.set_waiting(now, true, false);
+                self.mark_urgent(m.dest);
+                self.note(m.dest);
+            }
         }
         Ok(())
     }
 
-    fn new_conn(&self, peer: Coord) -> Connection {
-        Connection::new(
-            peer,
-            SendConfig {
+    fn new_conn(&mut self, peer: Coord) -> Connection {
+        let cid = loop {
+            let v = self.rng.next_u64() as u32;
+            if v != 0 {
+                break v;
+            }
+        };
+        let cfg = ConnConfig {
+            send: SendConfig {
                 window: self.cfg.window,
                 min_rto: self.cfg.min_rto,
                 max_rto: self.cfg.max_rto,
                 initial_rto: self.cfg.initial_rto,
             },
-            RecvConfig {
+            recv: RecvConfig {
                 window: self.cfg.window,
                 // At most a quarter window between ACKs, so the sender never stalls on a
                 // full window waiting for the delayed-ACK timer.
@@ -475,8 +708,13 @@ impl Transport {
                 nack_retry: self.cfg.nack_retry,
                 nack_retry_min: self.cfg.nack_retry_min,
             },
-            self.cfg.max_message,
-        )
+            life: LifecycleConfig {
+                broken_after: self.cfg.broken_after,
+                sync_retry: self.cfg.sync_retry,
+            },
+            max_message: self.cfg.max_message,
+        };
+        Connection::new(peer, cid, cfg)
     }
 
     /// The next event for the application.
@@ -525,6 +763,10 @@ impl Transport {
             self.deliver_short(&h, &view);
             return Ok(());
         }
+        if h.kind == Kind::Sync && sync_payload(&view).is_some_and(|(_, f)| f & SYNC_ANNOUNCE != 0)
+        {
+            return self.handle_announce(&h, &view);
+        }
         if !self.conns.contains_key(&h.src) {
             if self.conns.len() >= self.cfg.max_peers {
                 return Err(RecvError::TooManyPeers);
@@ -532,14 +774,47 @@ impl Transport {
             let c = self.new_conn(h.src);
             self.conns.insert(h.src, c);
         }
+        if h.kind == Kind::Sync {
+            return self.handle_sync(now, &h, &view);
+        }
         let Some(conn) = self.conns.get_mut(&h.src) else {
             return Err(RecvError::TooManyPeers);
         };
+        if !conn.life.accepts(h.conn, h.peer_conn) {
+            // Sent to, or by, an instance that is gone: tell the peer who we are now.
+            self.stats.stale_frames += 1;
+            conn.life.want_sync(now);
+            self.mark_urgent(h.src);
+            self.note(h.src);
+            return Err(RecvError::Stale);
+        }
         if h.has(flags::ACK_VALID) {
             let sack = h.has(flags::SACK_VALID).then_some(h.sack);
-            conn.send
-                .on_ack(now, h.ack, sack, h.kind == Kind::Nack, &mut self.pool);
+            let retired = conn
+                .send
+                .on_ack(now, h.ack, sack, h.kind == Kind::Nack, &mut self.pool)
+                .unwrap_or(0);
+            if retired > 0 {
+                conn.life.set_waiting(now, waits(conn), true);
+                let mut acked = std::mem::take(&mut self.acked);
+                acked.clear();
+                conn.sent.on_acked(conn.send.una(), &mut acked);
+                for r in &acked {
+                    if self.notify.contains(&r.service) {
+                        self.events.push_back(Event::Acked {
+                            peer: h.src,
+                            service: r.service,
+                            count: r.count,
+                            last_tag: r.last_tag,
+                        });
+                    }
+                }
+                self.acked = acked;
+            }
         }
+        let Some(conn) = self.conns.get_mut(&h.src) else {
+            return Err(RecvError::TooManyPeers);
+        };
         let mut result = Ok(());
         if h.kind == Kind::Data {
             let before = conn.recv.cum_ack();
@@ -570,6 +845,98 @@ impl Transport {
         }
         self.note(h.src);
         result
+    }
+
+    /// A SYNC from the peer: learn its instance, reset when it changed, answer when it does
+    /// not know ours.
+    fn handle_sync(
+        &mut self,
+        now: Time,
+        h: &Header,
+        view: &FrameView<'_>,
+    ) -> Result<(), RecvError> {
+        let Some((inc, _)) = sync_payload(view) else {
+            return Err(RecvError::BadSync);
+        };
+        let Some(conn) = self.conns.get_mut(&h.src) else {
+            return Err(RecvError::TooManyPeers);
+        };
+        match conn.life.on_sync(now, h.conn, h.peer_conn, inc) {
+            SyncOutcome::Stale => {
+                self.stats.stale_frames += 1;
+                return Err(RecvError::Stale);
+            }
+            SyncOutcome::Reset(reason) => self.reset_conn(h.src, reason),
+            SyncOutcome::Known | SyncOutcome::Adopted => {}
+        }
+        if let Some(conn) = self.conns.get_mut(&h.src) {
+            let waiting = waits(conn);
+            conn.life.set_waiting(now, waiting, true);
+            if conn.life.sync_due(now) {
+                self.mark_urgent(h.src);
+            }
+        }
+        self.note(h.src);
+        Ok(())
+    }
+
+    /// A peer announced its (re)start: a connection with an older incarnation of it is reset
+    /// at once (its messages reported failed) instead of when it next talks to the new one.
+    /// Peers without a connection keep no state for it.
+    fn handle_announce(&mut self, h: &Header, view: &FrameView<'_>) -> Result<(), RecvError> {
+        let Some((inc, _)) = sync_payload(view) else {
+            return Err(RecvError::BadSync);
+        };
+        let Some(conn) = self.conns.get_mut(&h.src) else {
+            return Ok(());
+        };
+        if let Some(reason) = conn.life.on_announce(inc) {
+            self.reset_conn(h.src, reason);
+        }
+        Ok(())
+    }
+
+    /// Announces this (re)started dataplane to `peers` (one SYNC frame each, best effort),
+    /// so that peers holding a connection with an earlier incarnation reset it now: the
+    /// first messages they send after the restart then reach the new instance instead of
+    /// failing against the old one.
+    pub fn announce(&mut self, peers: impl IntoIterator<Item = Coord>) {
+        let local = self.local;
+        self.announce
+            .extend(peers.into_iter().filter(|p| *p != local));
+    }
+
+    fn poll_announce(
+        &mut self,
+        room: LinkSet,
+        paths: &impl Paths,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        for _ in 0..self.announce.len() {
+            let peer = self.announce.pop_front()?;
+            let usable = paths.links_to(peer);
+            if usable.is_empty() {
+                // Unreachable now: it will learn of the restart from the handshake.
+                continue;
+            }
+            let Some(link) = usable.and(room).iter().next() else {
+                self.announce.push_back(peer);
+                continue;
+            };
+            let mut h = Header::new(Kind::Sync, self.local, Dest::Server(peer));
+            h.payload_len = SYNC_PAYLOAD as u16;
+            h.emit(buf).ok()?;
+            buf[HEADERS_LEN..HEADERS_LEN + 8].copy_from_slice(&self.cfg.incarnation.to_be_bytes());
+            buf[HEADERS_LEN + 8] = SYNC_ANNOUNCE;
+            self.stats.sync_frames += 1;
+            return Some(Transmit {
+                link,
+                len: HEADERS_LEN + SYNC_PAYLOAD,
+                kind: TxKind::Sync,
+                messages: 0,
+            });
+        }
+        None
     }
 
     fn deliver_short(&mut self, h: &Header, view: &FrameView<'_>) {
@@ -659,10 +1026,14 @@ impl Transport {
     /// cheaper than an entry per change (a busy peer changes its timers with every frame).
     fn note(&mut self, peer: Coord) {
         if let Some(c) = self.conns.get_mut(&peer) {
-            let t = match (c.send.poll_timeout(), c.recv.poll_timeout()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let t = [
+                c.send.poll_timeout(),
+                c.recv.poll_timeout(),
+                c.life.poll_timeout(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             if let Some(t) = t {
                 if c.timer.is_none_or(|r| t < r) {
                     c.timer = Some(t);
@@ -713,9 +1084,16 @@ impl Transport {
             }
         }
         for &peer in &due {
+            if self.conns.get(&peer).is_some_and(|c| c.life.broken(now)) {
+                self.abort(peer, FailReason::Silent);
+                continue;
+            }
             if let Some(c) = self.conns.get_mut(&peer) {
                 c.send.on_timeout(now);
-                let needs = c.send.has_retransmit() || c.recv.ack_due(now) || c.recv.nack_due(now);
+                let needs = c.send.has_retransmit()
+                    || c.recv.ack_due(now)
+                    || c.recv.nack_due(now)
+                    || c.life.sync_due(now);
                 if needs && !c.urgent {
                     c.urgent = true;
                     self.urgent.push_back(peer);
@@ -742,6 +1120,9 @@ impl Transport {
         if room.is_empty() || buf.len() < ETH_LEN + self.cfg.mtu.max(TORUS_LEN) {
             return None;
         }
+        if let Some(t) = self.poll_announce(room, paths, buf) {
+            return Some(t);
+        }
         if let Some(t) = self.poll_urgent(now, room, paths, buf) {
             return Some(t);
         }
@@ -761,10 +1142,12 @@ impl Transport {
                 continue;
             };
             let usable = paths.links_to(peer).and(room);
+            let established = c.life.established();
             let piggyback_soon = c.queued > 0 && c.send.can_send() && !c.recv.ack_overdue(now);
-            let nack = c.recv.nack_due(now);
-            let ack = c.recv.ack_due(now) && !piggyback_soon;
-            if !c.send.has_retransmit() && !nack && !ack {
+            let sync = c.life.sync_due(now);
+            let nack = established && c.recv.nack_due(now);
+            let ack = established && c.recv.ack_due(now) && !piggyback_soon;
+            if !c.send.has_retransmit() && !nack && !ack && !sync {
                 c.urgent = false;
                 continue;
             }
@@ -773,7 +1156,24 @@ impl Transport {
                 continue;
             };
             let local = self.local;
-            let t = if let Some(bytes) = c.send.next_retransmit(now) {
+            let t = if sync {
+                let mut h = Header::new(Kind::Sync, local, Dest::Server(peer));
+                h.conn = c.life.cid();
+                h.peer_conn = c.life.peer_cid().unwrap_or(0);
+                h.payload_len = SYNC_PAYLOAD as u16;
+                h.emit(buf).ok()?;
+                buf[HEADERS_LEN..HEADERS_LEN + 8]
+                    .copy_from_slice(&self.cfg.incarnation.to_be_bytes());
+                buf[HEADERS_LEN + 8] = 0;
+                c.life.on_sync_sent(now);
+                self.stats.sync_frames += 1;
+                Transmit {
+                    link,
+                    len: HEADERS_LEN + SYNC_PAYLOAD,
+                    kind: TxKind::Sync,
+                    messages: 0,
+                }
+            } else if let Some(bytes) = c.send.next_retransmit(now) {
                 let len = ETH_LEN + bytes.len();
                 buf[ETH_LEN..len].copy_from_slice(bytes);
                 buf[wire::offset::ETHERTYPE..wire::offset::ETHERTYPE + 2]
@@ -794,6 +1194,8 @@ impl Transport {
             } else {
                 let kind = if nack { Kind::Nack } else { Kind::Ack };
                 let mut h = Header::new(kind, local, Dest::Server(peer));
+                h.conn = c.life.cid();
+                h.peer_conn = c.life.peer_cid().unwrap_or(0);
                 h.flags = flags::ACK_VALID | flags::SACK_VALID;
                 h.ack = seqnum::truncate(c.recv.cum_ack());
                 h.sack = c.recv.sack_bits();
@@ -812,7 +1214,9 @@ impl Transport {
                     messages: 0,
                 }
             };
-            let still = c.send.has_retransmit() || c.recv.nack_due(now) || c.recv.ack_due(now);
+            let still = c.send.has_retransmit()
+                || c.life.sync_due(now)
+                || (c.life.established() && (c.recv.nack_due(now) || c.recv.ack_due(now)));
             if still {
                 self.urgent.push_back(peer);
             } else {
@@ -845,7 +1249,7 @@ impl Transport {
             let Some(conn) = self.conns.get_mut(&head.dest) else {
                 continue;
             };
-            if head.reliable && !conn.send.can_send() {
+            if head.reliable && !(conn.life.established() && conn.send.can_send()) {
                 continue;
             }
             if !self.cfg.agg_delay.is_zero()
@@ -934,8 +1338,12 @@ fn build_data_frame(
     let room = cfg.max_payload();
     let mut h = Header::new(Kind::Data, local, Dest::Server(dest));
     h.service = service;
+    // The frame that will carry this frame's sequence number (reliable frames only).
+    let seq = conn.send.next_seq();
     if reliable {
         h.flags |= flags::RELIABLE;
+        h.conn = conn.life.cid();
+        h.peer_conn = conn.life.peer_cid().unwrap_or(0);
     }
     let payload = &mut buf[HEADERS_LEN..ETH_LEN + cfg.mtu];
     let mut messages = 0u32;
@@ -969,6 +1377,7 @@ fn build_data_frame(
                 if m.fences.forward {
                     conn.last_fwd = Some(msn);
                 }
+                conn.sent.on_framed(service, m.tag, seq);
             }
             conn.queued = conn.queued.saturating_sub(1);
             messages += 1;
@@ -988,6 +1397,7 @@ fn build_data_frame(
         if reliable {
             let msn = conn.next_msn;
             conn.next_msn += 1;
+            conn.sent.on_framed(service, head.tag, seq);
             h.flags |= flags::FRAG_FIRST | flags::FRAG_LAST | fence_flags(head.fences);
             h.msn = seqnum::truncate(msn);
             h.fence = fence_distance(msn, conn.last_fwd);
@@ -1024,6 +1434,7 @@ fn build_data_frame(
             h.flags |= flags::FRAG_LAST;
             messages = 1;
             conn.queued = conn.queued.saturating_sub(1);
+            conn.sent.on_framed(service, head.tag, seq);
         }
         h.flags |= fence_flags(head.fences);
         h.msn = seqnum::truncate(msn);
@@ -1048,6 +1459,7 @@ fn build_data_frame(
         let mut copy = pool.take();
         copy.extend_from_slice(&buf[ETH_LEN..len]);
         conn.send.on_sent(now, copy);
+        conn.life.set_waiting(now, true, false);
         stats.data_frames += 1;
         stats.messages_sent += u64::from(messages);
         Transmit {
@@ -1067,6 +1479,12 @@ fn build_data_frame(
             messages,
         }
     }
+}
+
+/// Whether a connection waits for its peer: frames unacknowledged, or messages held for the
+/// handshake.
+fn waits(c: &Connection) -> bool {
+    c.send.in_flight() > 0 || (c.queued > 0 && !c.life.established())
 }
 
 fn fence_flags(f: Fences) -> u16 {

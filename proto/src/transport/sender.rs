@@ -271,6 +271,22 @@ impl SendWindow {
         self.rto_deadline.filter(|_| self.una < self.next)
     }
 
+    /// The oldest unacknowledged sequence number.
+    pub fn una(&self) -> u64 {
+        self.una
+    }
+
+    /// Gives every held frame's buffer back to `pool` and forgets them (the connection is
+    /// being reset).
+    pub fn release(&mut self, pool: &mut BufferPool) {
+        for f in self.slots.drain(..) {
+            pool.give(f.bytes);
+        }
+        self.retx.clear();
+        self.una = self.next;
+        self.rto_deadline = None;
+    }
+
     /// Bytes held for retransmission (for memory accounting).
     pub fn held_bytes(&self) -> usize {
         self.slots.iter().map(|f| f.bytes.len()).sum()

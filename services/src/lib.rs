@@ -1,0 +1,9 @@
+//! Services that run beside the torusnet engine, each a sans-IO state machine implementing
+//! [`torusnet_proto::service::Service`]: torusd hosts them in its pollers, and tests drive
+//! them over in-memory engines.
+//!
+//! - [`builtin`]: `ping` (echo and RTT), `bench` (a checked bulk transfer), `keys` (key-routed
+//!   probes counted where they land) and `load` (checked reliable traffic to changing peers,
+//!   journalled for an oracle).
+
+pub mod builtin;
