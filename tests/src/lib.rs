@@ -4,9 +4,11 @@
 //! clusters built from Rust are `torusnet_dataplane::cluster`.)
 
 use std::fmt::Display;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use torusnet_dataplane::cluster;
@@ -31,6 +33,38 @@ pub struct Torus {
     pub prefix: String,
     /// The torus size.
     pub dims: Dims,
+    /// Daemons this test (re)started itself, reaped as they exit.
+    children: Mutex<Vec<Child>>,
+}
+
+/// One of a server's two daemons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Daemon {
+    /// The dataplane, `torusd`.
+    Torusd,
+    /// The control process, `torusctl daemon`.
+    Control,
+}
+
+impl Daemon {
+    fn matches(self, cmdline: &str) -> bool {
+        match self {
+            Daemon::Torusd => cmdline.contains("/torusd "),
+            Daemon::Control => cmdline.contains("torusctl daemon"),
+        }
+    }
+}
+
+/// Whether process `pid` runs (a zombie does not).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses.
+        Ok(s) => s
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|st| st != "Z" && st != "X"),
+        Err(_) => false,
+    }
 }
 
 impl Torus {
@@ -40,6 +74,7 @@ impl Torus {
         let t = Torus {
             prefix: prefix.to_string(),
             dims: dims.parse().expect("torus size"),
+            children: Mutex::new(Vec::new()),
         };
         t.script(&["up", dims]);
         t
@@ -90,6 +125,114 @@ impl Torus {
         cluster::request(&self.sock(c, control), req, Duration::from_secs(600)).ok()
     }
 
+    /// One request to server `c`'s torusd, answered within `limit`: the answer, or the error
+    /// (torusd's, or that it did not answer).
+    pub fn ask_within(
+        &self,
+        c: impl Display,
+        req: &Value,
+        limit: Duration,
+    ) -> Result<Value, String> {
+        cluster::request(&self.sock(c, false), req, limit)
+    }
+
+    /// Server `c`'s node file.
+    pub fn node_file(&self, c: impl Display) -> PathBuf {
+        PathBuf::from(format!(
+            "/run/torusnet/{}/{}.toml",
+            self.prefix,
+            Torus::base(c)
+        ))
+    }
+
+    /// The state directory of this torus (node files, logs, sockets).
+    pub fn dir(&self) -> PathBuf {
+        PathBuf::from(format!("/run/torusnet/{}", self.prefix))
+    }
+
+    /// PIDs of one of server `c`'s daemons.
+    pub fn pids(&self, c: impl Display, which: Daemon) -> Vec<u32> {
+        let out = Command::new("ip")
+            .args(["netns", "pids", &self.ns(c)])
+            .output()
+            .expect("run ip netns pids");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+            .filter(|p| alive(*p))
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .map(|b| which.matches(&String::from_utf8_lossy(&b).replace('\0', " ")))
+                    .unwrap_or(false)
+            })
+            .collect()
+    }
+
+    /// Sends `signal` (e.g. "TERM", "KILL") to one of server `c`'s daemons and waits (up to
+    /// 10 s) until it is gone.
+    pub fn signal(&self, c: impl Display + Copy, which: Daemon, signal: &str) {
+        let pids = self.pids(c, which);
+        assert!(!pids.is_empty(), "no {which:?} runs at {c}");
+        for p in &pids {
+            let _ = Command::new("kill")
+                .args([format!("-{signal}"), p.to_string()])
+                .status();
+        }
+        let start = Instant::now();
+        while pids.iter().any(|p| alive(*p)) {
+            self.reap();
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{which:?} at {c} did not exit after SIG{signal}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Starts one of server `c`'s daemons again, logging beside the others; `netns-torus.sh
+    /// down` stops it with the rest.
+    pub fn start_daemon(&self, c: impl Display + Copy, which: Daemon) {
+        self.reap();
+        let bin = root().join("target/release");
+        let node = self.node_file(c);
+        let (exe, args, log): (PathBuf, Vec<&str>, &str) = match which {
+            Daemon::Torusd => (bin.join("torusd"), vec![], "torusd"),
+            Daemon::Control => (bin.join("torusctl"), vec!["daemon"], "control"),
+        };
+        let logf = self.dir().join(format!("{}-{log}.log", Torus::base(c)));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&logf)
+            .expect("open the daemon's log");
+        let err = out.try_clone().expect("clone the log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns(c)])
+            .arg(exe)
+            .args(args)
+            .arg("--config")
+            .arg(node)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start the daemon");
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir().join("pids"))
+        {
+            let _ = writeln!(f, "{}", child.id());
+        }
+        self.children.lock().expect("children").push(child);
+    }
+
+    /// Collects the exit status of daemons this test started that have exited.
+    fn reap(&self) {
+        if let Ok(mut v) = self.children.lock() {
+            v.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
+        }
+    }
+
     /// Server `c`'s control-process status.
     pub fn control(&self, c: impl Display) -> Option<Value> {
         self.ask(c, true, &json!({"cmd": "status"}))
@@ -113,5 +256,12 @@ impl Drop for Torus {
             .arg(root().join("scripts/netns-torus.sh"))
             .args(["down", "--prefix", &self.prefix])
             .status();
+        // `down` stopped the daemons this test started too: collect them.
+        if let Ok(mut v) = self.children.lock() {
+            for c in v.iter_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
     }
 }

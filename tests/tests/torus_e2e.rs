@@ -212,7 +212,7 @@ fn hostile_frames_are_counted_and_dropped_and_the_node_keeps_serving() {
         f.extend_from_slice(body);
         f
     };
-    let mut good = vec![0u8; 56 + 10];
+    let mut good = vec![0u8; torusnet_proto::wire::TORUS_LEN + 10];
     good[0] = 1; // version
     good[14] = 0;
     good[15] = 10; // payload length
