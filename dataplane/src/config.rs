@@ -117,6 +117,15 @@ struct Raw {
     /// start on links with several RX queues.
     #[serde(default)]
     rx_queue_steering: bool,
+    #[serde(default)]
+    load: RawLoad,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLoad {
+    /// The built-in load service's journal (appended to from the start).
+    journal: Option<PathBuf>,
 }
 
 fn default_mtu() -> u32 {
@@ -170,6 +179,9 @@ pub struct NodeConfig {
     /// The control process's status socket, which torusd asks for the current view when
     /// it starts (none: no control process publishes to this torusd).
     pub control_socket: Option<PathBuf>,
+    /// Where the built-in load service journals from the start (`[load] journal`), so a
+    /// restart oracle sees every message received, even before anyone starts the load.
+    pub load_journal: Option<PathBuf>,
 }
 
 impl NodeConfig {
@@ -360,6 +372,7 @@ impl NodeConfig {
             umem_chunks: raw.umem_chunks,
             rx_queue_steering: raw.rx_queue_steering,
             control_socket,
+            load_journal: raw.load.journal,
         })
     }
 }

@@ -716,8 +716,20 @@ impl Dataplane {
         for (shard, (umem, ports)) in umems.into_iter().zip(ports).enumerate() {
             let node = Node::new(coord, cfg.view.clone(), transport)
                 .map_err(|e| StartError::Engine(e.to_string()))?;
+            let journal: Option<Box<dyn std::io::Write + Send>> = match &cfg.load_journal {
+                Some(path) => Some(Box::new(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)
+                        .map_err(|e| {
+                            StartError::Engine(format!("load.journal {}: {e}", path.display()))
+                        })?,
+                )),
+                None => None,
+            };
             let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize)
-                .with_services(torusnet_services::builtin::all());
+                .with_services(torusnet_services::builtin::all(journal));
             let core = cfg.cores.get(shard).copied();
             let handle = std::thread::Builder::new()
                 .name(format!("torusd-poll{shard}"))

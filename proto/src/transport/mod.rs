@@ -646,7 +646,8 @@ impl Transport {
                 max,
             });
         }
-        if !self.conns.contains_key(&m.dest) && self.conns.len() >= self.cfg.max_peers {
+        let known = self.conns.contains_key(&m.dest);
+        if !known && self.conns.len() >= self.cfg.max_peers {
             return Err(SendError::TooManyPeers);
         }
         let q = Queued {
@@ -667,7 +668,7 @@ impl Transport {
         self.queues
             .push(m.service, q, m.data)
             .map_err(|_| SendError::WouldBlock)?;
-        if !self.conns.contains_key(&m.dest) {
+        if !known {
             let c = self.new_conn(m.dest);
             self.conns.insert(m.dest, c);
         }

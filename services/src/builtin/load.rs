@@ -93,6 +93,8 @@ pub struct Load {
     outstanding: HashMap<Coord, VecDeque<u64>>,
     seen: HashMap<(Coord, u64), HashSet<u64>>,
     journal: Option<Box<dyn Write + Send>>,
+    /// The journal's `I` line is still to be written (it needs the engine's incarnation).
+    journal_new: bool,
     jbuf: Vec<u8>,
     journal_error: Option<String>,
     buf: Vec<u8>,
@@ -121,6 +123,24 @@ fn payload_seed(incarnation: u64, tag: u64) -> u64 {
 }
 
 impl Load {
+    /// A load service journalling from the start, so that messages received before anyone
+    /// starts the load are written down too.
+    pub fn with_journal(journal: Box<dyn Write + Send>) -> Load {
+        Load {
+            journal: Some(journal),
+            journal_new: true,
+            ..Load::default()
+        }
+    }
+
+    fn header(&mut self, node: &Node) {
+        if self.journal_new {
+            self.journal_new = false;
+            let inc = node.transport().config().incarnation;
+            self.line(format_args!("I {inc:x}"));
+        }
+    }
+
     fn line(&mut self, args: std::fmt::Arguments<'_>) {
         if self.journal.is_some() {
             let _ = self.jbuf.write_fmt(args);
@@ -255,7 +275,8 @@ impl Service for Load {
         &[LOAD]
     }
 
-    fn on_event(&mut self, _now: Time, e: &Event, _node: &mut Node) {
+    fn on_event(&mut self, _now: Time, e: &Event, node: &mut Node) {
+        self.header(node);
         match e {
             Event::Message {
                 src,
@@ -296,8 +317,9 @@ impl Service for Load {
                 if journal.is_some() {
                     self.flush();
                     self.journal = journal;
-                    self.line(format_args!("I {inc:x}"));
+                    self.journal_new = true;
                 }
+                self.header(node);
                 self.peers = peers;
                 self.cursor = 0;
                 self.dwell = dwell.max(Duration::from_millis(1));
@@ -322,6 +344,7 @@ impl Service for Load {
     }
 
     fn poll(&mut self, now: Time, node: &mut Node) -> usize {
+        self.header(node);
         let mut n = 0;
         if self.sending {
             // After a stall, do not make up for lost time in one burst.

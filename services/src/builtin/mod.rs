@@ -16,13 +16,17 @@ pub use keys::{Keys, KeysRequest, KEYS};
 pub use load::{Load, LoadRequest, LOAD};
 pub use ping::{Ping, PingRequest, PING};
 
-/// One instance of every built-in service, for a poller to host.
-pub fn all() -> Vec<Box<dyn Service>> {
+/// One instance of every built-in service, for a poller to host; the load service writes
+/// its journal to `load_journal` from the start when one is given.
+pub fn all(load_journal: Option<Box<dyn std::io::Write + Send>>) -> Vec<Box<dyn Service>> {
     vec![
         Box::new(Ping::default()),
         Box::new(Bench::default()),
         Box::new(Keys::default()),
-        Box::new(Load::default()),
+        Box::new(match load_journal {
+            Some(j) => Load::with_journal(j),
+            None => Load::default(),
+        }),
     ]
 }
 
