@@ -85,6 +85,7 @@ pub fn render_status(v: &Value) -> String {
             "drop_ttl",
             "drop_transport",
             "drop_intercepted",
+            "drop_stale",
             "drop_no_room",
         ]
         .iter()
@@ -120,6 +121,15 @@ pub fn render_status(v: &Value) -> String {
         u(t, &["nack_frames"]),
         u(t, &["messages_delivered"]),
         u(t, &["in_flight"]),
+    );
+    out += &format!(
+        "connections: {} peers, incarnation {}, {} resets, {} broken, {} messages reported failed, {} stale frames dropped\n",
+        u(t, &["peers"]),
+        v["incarnation"].as_str().unwrap_or("?"),
+        u(t, &["resets"]),
+        u(t, &["broken"]),
+        u(t, &["failed_messages"]),
+        u(t, &["stale_frames"]),
     );
     let unreachable = e["unreachable"].as_array().map(Vec::len).unwrap_or(0);
     out += &format!(
