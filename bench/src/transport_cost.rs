@@ -51,6 +51,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                 reliable: true,
                 fences: Fences::default(),
                 tag: sent,
+                from: 1,
             };
             match tx.send(now, m) {
                 Ok(()) => sent += 1,

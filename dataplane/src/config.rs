@@ -119,6 +119,21 @@ struct Raw {
     rx_queue_steering: bool,
     #[serde(default)]
     load: RawLoad,
+    #[serde(default)]
+    apps: RawApps,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApps {
+    /// Serve applications at all (default: yes).
+    enabled: Option<bool>,
+    /// The application socket.
+    socket: Option<PathBuf>,
+    /// A group whose members may attach.
+    group: Option<String>,
+    /// Most applications at once.
+    max: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -182,6 +197,8 @@ pub struct NodeConfig {
     /// Where the built-in load service journals from the start (`[load] journal`), so a
     /// restart oracle sees every message received, even before anyone starts the load.
     pub load_journal: Option<PathBuf>,
+    /// Applications in their own processes (`[apps]`): where they attach, who may.
+    pub apps: Option<crate::apps::AppsConfig>,
 }
 
 impl NodeConfig {
@@ -333,6 +350,13 @@ impl NodeConfig {
                 raw.umem_chunks
             )));
         }
+        let max_apps = raw.apps.max.unwrap_or(64);
+        if !(1..=4096).contains(&max_apps) {
+            return Err(bad(format!("apps.max: {max_apps} is outside 1..=4096")));
+        }
+        let apps_socket = raw.apps.socket;
+        let apps_group = raw.apps.group;
+        let apps_on = raw.apps.enabled.unwrap_or(true);
         let name = match (raw.name, coord) {
             (Some(n), _) => n,
             (None, Some(c)) => c.to_string().replace(',', "-"),
@@ -345,6 +369,18 @@ impl NodeConfig {
         let socket = raw
             .socket
             .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}.sock")));
+        // Beside the management socket by default: `X.sock` -> `X-apps.sock`.
+        let apps = apps_on.then(|| crate::apps::AppsConfig {
+            socket: apps_socket.unwrap_or_else(|| {
+                let stem = socket.file_stem().map(|s| s.to_string_lossy().into_owned());
+                socket.with_file_name(format!(
+                    "{}-apps.sock",
+                    stem.unwrap_or_else(|| name.clone())
+                ))
+            }),
+            group: apps_group,
+            max_apps,
+        });
         // The same defaults as the control process's (`torusctl daemon`).
         let control = raw.control.as_ref();
         let publishes = control
@@ -373,6 +409,7 @@ impl NodeConfig {
             rx_queue_steering: raw.rx_queue_steering,
             control_socket,
             load_journal: raw.load.journal,
+            apps,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! The torusnet dataplane: the XDP program that steers torus frames into AF_XDP sockets,
 //! and (as it grows) the sockets, pollers and runtime of `torusd`.
 
+pub mod apps;
 pub mod cluster;
 pub mod config;
 pub mod counters;

@@ -254,12 +254,18 @@ impl Poller {
             revents: 0,
         });
         self.me().sleeping.store(true, Ordering::Release);
-        let quiet = self.me().commands.is_empty() && self.me().handoff.is_empty();
+        let mut quiet = self.me().commands.is_empty() && self.me().handoff.is_empty();
+        for svc in &mut self.services {
+            quiet &= svc.may_sleep();
+        }
         if quiet && !self.shared.shutdown.load(Ordering::Acquire) {
             // SAFETY: fds is a valid array of pollfd of the given length.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms.max(0)) };
         }
         self.me().sleeping.store(false, Ordering::Release);
+        for svc in &mut self.services {
+            svc.woke();
+        }
         let mut buf = 0u64;
         // SAFETY: draining our eventfd (8 bytes); EAGAIN when nothing was written is fine.
         unsafe {
@@ -330,13 +336,14 @@ impl Poller {
                                 SendError::Unreachable => FailReason::Unreachable,
                                 _ => FailReason::Refused,
                             };
+                            let from = opts.from.unwrap_or(service);
                             let ev = Event::Failed {
                                 peer,
-                                service,
+                                service: from,
                                 tags: vec![opts.tag],
                                 reason,
                             };
-                            self.dispatch(service, ev);
+                            self.dispatch(from, ev);
                             n += 1;
                         }
                     }
@@ -358,6 +365,10 @@ impl Poller {
                 }
                 Command::NotifyAcks(service, on) => {
                     self.node.notify_acks(service, on);
+                    n += 1;
+                }
+                Command::Deliver(service, e) => {
+                    self.dispatch(service, e);
                     n += 1;
                 }
                 Command::SetView(view, macs, ack) => {
@@ -814,12 +825,26 @@ impl Poller {
 
     /// An event for service `id`: to the hosted service that owns it, or to its inbox.
     fn dispatch(&mut self, id: u16, e: Event) {
-        match self.service_of.get(&id) {
-            Some(&i) => {
-                let now = self.now();
-                self.services[i].on_event(now, &e, &mut self.node);
-            }
-            None => self.push_event(id, e),
+        let owner = self
+            .service_of
+            .get(&id)
+            .copied()
+            .or_else(|| self.services.iter().position(|s| s.owns(id)));
+        if let Some(i) = owner {
+            let now = self.now();
+            self.services[i].on_event(now, &e, &mut self.node);
+            return;
+        }
+        if self.inboxes.contains_key(&id) || self.shard == 0 {
+            self.push_event(id, e);
+            return;
+        }
+        // Hosted applications live with the first poller: hand it the event.
+        let c = Command::Deliver(id, e);
+        if self.shared.shards[0].commands.push(c).is_err() {
+            self.overflow_drops += 1;
+        } else {
+            self.shared.shards[0].wake();
         }
     }
 

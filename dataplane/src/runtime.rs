@@ -63,6 +63,8 @@ pub enum Command {
     },
     /// Report acknowledgements of `service`'s reliable messages to it (or stop).
     NotifyAcks(u16, bool),
+    /// An event for service `u16`, from a poller that does not host it.
+    Deliver(u16, Event),
 }
 
 impl std::fmt::Debug for Command {
@@ -78,6 +80,7 @@ impl std::fmt::Debug for Command {
             Command::SetView(..) => f.write_str("SetView"),
             Command::Request { service, .. } => write!(f, "Request({service})"),
             Command::NotifyAcks(s, on) => write!(f, "NotifyAcks({s}, {on})"),
+            Command::Deliver(s, _) => write!(f, "Deliver({s})"),
         }
     }
 }
@@ -305,6 +308,8 @@ pub struct Shared {
     pub(crate) services: Mutex<HashMap<u16, Arc<Inbox>>>,
     pub(crate) services_version: AtomicU64,
     pub(crate) shutdown: AtomicBool,
+    /// Applications attached from their own processes.
+    pub apps: crate::apps::AppsRegistry,
     /// One per poller.
     pub shards: Vec<ShardShared>,
     /// Which poller owns the link in each direction.
@@ -610,6 +615,8 @@ pub struct Status {
     pub links: Vec<LinkStatus>,
     /// Engine counters.
     pub engine: EngineSnapshot,
+    /// Applications attached from their own processes.
+    pub apps: Vec<crate::apps::AppStatus>,
 }
 
 impl Dataplane {
@@ -708,6 +715,7 @@ impl Dataplane {
             services: Mutex::new(HashMap::new()),
             services_version: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
+            apps: crate::apps::AppsRegistry::default(),
             shards,
             link_shard,
             started: Instant::now(),
@@ -728,8 +736,12 @@ impl Dataplane {
                 )),
                 None => None,
             };
+            let mut services = torusnet_services::builtin::all(journal);
+            if shard == 0 && cfg.apps.is_some() {
+                services.push(Box::new(crate::apps::host::AppsHost::new(shared.clone())));
+            }
             let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize)
-                .with_services(torusnet_services::builtin::all(journal));
+                .with_services(services);
             let core = cfg.cores.get(shard).copied();
             let handle = std::thread::Builder::new()
                 .name(format!("torusd-poll{shard}"))
@@ -741,6 +753,13 @@ impl Dataplane {
                 })
                 .map_err(StartError::Thread)?;
             pollers.push(handle);
+        }
+        if let Some(a) = &cfg.apps {
+            crate::apps::listener::start(a.clone(), shared.clone()).map_err(|e| {
+                shared.shutdown.store(true, Ordering::Release);
+                shared.wake_all();
+                StartError::Link(format!("application socket {}: {e}", a.socket.display()))
+            })?;
         }
         Ok(Dataplane { shared, pollers })
     }
@@ -830,6 +849,7 @@ impl Dataplane {
             uptime_s: s.started.elapsed().as_secs_f64(),
             links,
             engine,
+            apps: s.apps.status(),
         }
     }
 

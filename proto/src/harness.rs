@@ -464,6 +464,7 @@ pub fn run(sc: &Scenario) -> Report {
                             reliable: sc.reliable,
                             fences: fences_of(next_id, sc.fence_every),
                             tag: next_id,
+                            from: 7,
                         };
                         match a.send(now, m) {
                             Ok(()) => next_id += 1,

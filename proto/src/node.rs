@@ -204,6 +204,10 @@ pub struct MsgOptions {
     pub intercept: bool,
     /// The sender's name for the message, returned in its acknowledgement or failure report.
     pub tag: u64,
+    /// The local service that sends it, when not the destination service itself (an
+    /// application talking to another service): its acknowledgement or failure is reported
+    /// to this one.
+    pub from: Option<u16>,
 }
 
 /// Counters of the engine.
@@ -358,6 +362,7 @@ impl Node {
             fences,
             intercept,
             tag,
+            from,
         } = opts;
         let dest = match target {
             Target::Server(c) => c,
@@ -407,6 +412,7 @@ impl Node {
                 reliable,
                 fences,
                 tag,
+                from: from.unwrap_or(service),
             },
         )
     }

@@ -40,4 +40,19 @@ pub trait Service: Send {
     fn poll_timeout(&self) -> Option<Time> {
         None
     }
+
+    /// Whether it owns service id `id` (for services whose ids change while they run, such
+    /// as the host of attached applications); by default, the ids of [`Service::ids`].
+    fn owns(&self, id: u16) -> bool {
+        self.ids().contains(&id)
+    }
+
+    /// The host is about to sleep until something wakes it: arm whatever wakes it for this
+    /// service, and say whether sleeping is still right (false: work arrived meanwhile).
+    fn may_sleep(&mut self) -> bool {
+        true
+    }
+
+    /// The host woke up (undo what `may_sleep` armed).
+    fn woke(&mut self) {}
 }

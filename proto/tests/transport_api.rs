@@ -21,6 +21,7 @@ fn msg(data: &[u8], service: u16) -> Outgoing<'_> {
         reliable: true,
         fences: Fences::default(),
         tag: 0,
+        from: service,
     }
 }
 

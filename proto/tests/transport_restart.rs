@@ -31,6 +31,7 @@ fn msg(data: &[u8], tag: u64) -> Outgoing<'_> {
         reliable: true,
         fences: Fences::default(),
         tag,
+        from: 9,
     }
 }
 

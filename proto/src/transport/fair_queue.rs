@@ -15,6 +15,8 @@ use crate::topology::Coord;
 pub struct Queued {
     /// The sender's name for it (returned in its acknowledgement or failure report).
     pub tag: u64,
+    /// The service it is for, at the destination (the queue is the sending service's).
+    pub service: u16,
     /// The server it goes to.
     pub dest: Coord,
     /// Its length in bytes.
@@ -245,6 +247,7 @@ mod tests {
     fn msg(len: u32) -> Queued {
         Queued {
             tag: 0,
+            service: 1,
             dest: Coord::new(1, 0, 0),
             len,
             reliable: true,

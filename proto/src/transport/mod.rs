@@ -205,6 +205,10 @@ pub struct Outgoing<'a> {
     pub dest: Coord,
     /// The service it is for (on the receiving server).
     pub service: u16,
+    /// The service on this server that sends it: its queue carries the message, and its
+    /// acknowledgement or failure is reported to it (built-in services send to their own
+    /// id; an application's messages go to other services).
+    pub from: u16,
     /// Its bytes.
     pub data: &'a [u8],
     /// Reliable (any size, exactly once, fences honoured) or short (one frame, best effort).
@@ -652,6 +656,7 @@ impl Transport {
         }
         let q = Queued {
             tag: m.tag,
+            service: m.service,
             dest: m.dest,
             len: m.data.len() as u32,
             reliable: m.reliable,
@@ -666,7 +671,7 @@ impl Transport {
             wait_for: None,
         };
         self.queues
-            .push(m.service, q, m.data)
+            .push(m.from, q, m.data)
             .map_err(|_| SendError::WouldBlock)?;
         if !known {
             let c = self.new_conn(m.dest);
@@ -1325,7 +1330,9 @@ fn build_data_frame(
     stats: &mut Stats,
     pool: &mut pool::BufferPool,
 ) -> Transmit {
-    let service = q.service;
+    // The queue is the sending service's: reports go to it; each message names its own
+    // destination service.
+    let from = q.service;
     let Some(head) = q.head().copied() else {
         return Transmit {
             link,
@@ -1338,7 +1345,7 @@ fn build_data_frame(
     let reliable = head.reliable;
     let room = cfg.max_payload();
     let mut h = Header::new(Kind::Data, local, Dest::Server(dest));
-    h.service = service;
+    h.service = head.service;
     // The frame that will carry this frame's sequence number (reliable frames only).
     let seq = conn.send.next_seq();
     if reliable {
@@ -1368,7 +1375,7 @@ fn build_data_frame(
                 fl |= msg_flags::FWD_FENCE;
             }
             let slot = &mut payload[used..used + need];
-            wire::write_msg_header(slot, m.len as u16, service, fl);
+            wire::write_msg_header(slot, m.len as u16, m.service, fl);
             q.take(&mut slot[MSG_HEADER_LEN..]);
             used += need;
             if reliable {
@@ -1378,7 +1385,7 @@ fn build_data_frame(
                 if m.fences.forward {
                     conn.last_fwd = Some(msn);
                 }
-                conn.sent.on_framed(service, m.tag, seq);
+                conn.sent.on_framed(from, m.tag, seq);
             }
             conn.queued = conn.queued.saturating_sub(1);
             messages += 1;
@@ -1398,7 +1405,7 @@ fn build_data_frame(
         if reliable {
             let msn = conn.next_msn;
             conn.next_msn += 1;
-            conn.sent.on_framed(service, head.tag, seq);
+            conn.sent.on_framed(from, head.tag, seq);
             h.flags |= flags::FRAG_FIRST | flags::FRAG_LAST | fence_flags(head.fences);
             h.msn = seqnum::truncate(msn);
             h.fence = fence_distance(msn, conn.last_fwd);
@@ -1435,7 +1442,7 @@ fn build_data_frame(
             h.flags |= flags::FRAG_LAST;
             messages = 1;
             conn.queued = conn.queued.saturating_sub(1);
-            conn.sent.on_framed(service, head.tag, seq);
+            conn.sent.on_framed(from, head.tag, seq);
         }
         h.flags |= fence_flags(head.fences);
         h.msn = seqnum::truncate(msn);

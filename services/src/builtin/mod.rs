@@ -27,6 +27,7 @@ pub fn all(load_journal: Option<Box<dyn std::io::Write + Send>>) -> Vec<Box<dyn 
             Some(j) => Load::with_journal(j),
             None => Load::default(),
         }),
+        Box::new(crate::names::Names::default()),
     ]
 }
 

@@ -1,0 +1,780 @@
+//! The host of attached applications: the torusd end of their channels, run as a service in
+//! the first poller, so an application's message goes from its ring to the engine in the
+//! same loop that moves frames, and the engine's events for it go straight into its ring.
+//!
+//! Per turn, for each application: adopt new channels; read its submissions (send, post or
+//! cancel a return buffer), copying each entry and its bytes out of the shared region before
+//! looking at them; hand complete messages to the engine (or to the poller that owns the
+//! peer's connection), stamped with the application's own service id; write waiting events
+//! into its completion ring; signal its eventfd if it sleeps. A message into a return
+//! buffer is written into the application's pool directly, checked against the posting
+//! (id, cookie, size); without a posting it is refused and its sender told.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use torusnet_client::channel::{
+    byte_ring_alloc, cflag, cq, dest, kind, off, op, pack_coord, reason, sflag, unpack_coord, Cqe,
+    Region, Sqe, APP_HEADER, INTO_BUFFER_HEADER,
+};
+use torusnet_client::sys::{self, Mapping};
+use torusnet_proto::node::{Event, MsgOptions, Node, Target};
+use torusnet_proto::service::{Request, Service};
+use torusnet_proto::time::Time;
+use torusnet_proto::topology::Coord;
+use torusnet_proto::transport::{FailReason, Fences, SendError};
+
+use super::{AppInfo, NewApp};
+use crate::runtime::{Command, Shared};
+
+/// Submissions read per application per turn (so one cannot starve the others).
+const BATCH: usize = 256;
+/// Events an application may leave unread beyond its ring before they are dropped.
+const BACKLOG_EVENTS: usize = 65536;
+/// Bytes of those.
+const BACKLOG_BYTES: usize = 64 << 20;
+/// Return buffers one application may have posted.
+const MAX_POSTED: usize = 4096;
+/// The largest message an application may send.
+const MAX_MESSAGE: usize = 64 << 20;
+
+struct Posted {
+    off: u64,
+    len: u32,
+    cookie: u64,
+}
+
+/// A message ready for the engine.
+struct Outgoing {
+    target: Target,
+    service: u16,
+    data: Vec<u8>,
+    opts: MsgOptions,
+}
+
+struct App {
+    info: Arc<AppInfo>,
+    region: Region,
+    _map: Mapping,
+    efd: OwnedFd,
+    sq_head: u32,
+    cq_tail: u32,
+    rxd_tail: u64,
+    /// A message arriving in segments: its first entry and the bytes so far.
+    assembling: Option<(Sqe, Vec<u8>)>,
+    /// A complete message the engine could not take yet.
+    blocked: Option<Outgoing>,
+    /// Events waiting for room in the channel (message segments one by one).
+    backlog: VecDeque<(Cqe, Vec<u8>)>,
+    backlog_bytes: usize,
+    /// Messages dropped and not yet reported to the application.
+    dropped_unreported: u64,
+    posted: HashMap<u32, Posted>,
+    /// Completions written this turn (signal the application if it sleeps).
+    produced: bool,
+}
+
+/// The host of all attached applications (lives in the first poller).
+pub struct AppsHost {
+    shared: Arc<Shared>,
+    apps: Vec<App>,
+    by_service: HashMap<u16, usize>,
+    buf: Vec<u8>,
+}
+
+impl AppsHost {
+    /// A host for the applications that attach to this torusd.
+    pub fn new(shared: Arc<Shared>) -> AppsHost {
+        AppsHost {
+            shared,
+            apps: Vec::new(),
+            by_service: HashMap::new(),
+            buf: Vec::new(),
+        }
+    }
+
+    fn reindex(&mut self) {
+        self.by_service = self
+            .apps
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.info.service, i))
+            .collect();
+    }
+
+    fn adopt(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(NewApp {
+            info,
+            map,
+            region,
+            app_efd,
+        }) = self.shared.apps.pending.pop()
+        {
+            self.apps.push(App {
+                info,
+                region,
+                _map: map,
+                efd: app_efd,
+                sq_head: 0,
+                cq_tail: 0,
+                rxd_tail: 0,
+                assembling: None,
+                blocked: None,
+                backlog: VecDeque::new(),
+                backlog_bytes: 0,
+                dropped_unreported: 0,
+                posted: HashMap::new(),
+                produced: false,
+            });
+            n += 1;
+        }
+        if n > 0 {
+            self.reindex();
+        }
+        n
+    }
+
+    /// Releases the channels of applications that are gone.
+    fn reap(&mut self) {
+        let before = self.apps.len();
+        self.apps.retain(|a| !a.info.dead.load(Ordering::Acquire));
+        if self.apps.len() != before {
+            self.reindex();
+        }
+    }
+
+    /// Queues an event for application `i`, split into segments that fit its RX ring.
+    fn enqueue(&mut self, i: usize, mut e: Cqe, data: &[u8]) {
+        let a = &mut self.apps[i];
+        let (_, rxd_size) = a.region.rxd();
+        let seg = (rxd_size / 2) as usize;
+        if e.kind == cq::MESSAGE {
+            e.total_len = data.len() as u32;
+        }
+        if a.backlog.len() >= BACKLOG_EVENTS || a.backlog_bytes + data.len() > BACKLOG_BYTES {
+            if e.kind == cq::MESSAGE || e.kind == cq::BUFFER_FILLED {
+                a.dropped_unreported += 1;
+                a.info.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        if data.len() <= seg {
+            a.backlog_bytes += data.len();
+            a.backlog.push_back((e, data.to_vec()));
+            return;
+        }
+        let parts: Vec<&[u8]> = data.chunks(seg).collect();
+        for (k, p) in parts.iter().enumerate() {
+            let mut s = e;
+            if k + 1 < parts.len() {
+                s.flags |= cflag::MORE;
+            }
+            a.backlog_bytes += p.len();
+            a.backlog.push_back((s, p.to_vec()));
+        }
+    }
+
+    /// Writes as much of application `i`'s backlog as its channel has room for.
+    fn flush(&mut self, i: usize) -> usize {
+        let a = &mut self.apps[i];
+        if a.dropped_unreported > 0 && a.backlog.len() < BACKLOG_EVENTS {
+            let e = Cqe {
+                kind: cq::OVERFLOW,
+                count: a.dropped_unreported,
+                ..Cqe::default()
+            };
+            a.dropped_unreported = 0;
+            a.backlog.push_back((e, Vec::new()));
+        }
+        let r = a.region;
+        let entries = r.geometry().cq_entries;
+        let (_, rxd_size) = r.rxd();
+        let mut n = 0;
+        while let Some((e, data)) = a.backlog.front() {
+            let cq_head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
+            if a.cq_tail.wrapping_sub(cq_head) >= entries {
+                break;
+            }
+            let mut e = *e;
+            if !data.is_empty() {
+                // The application's head is untrusted: never beyond what we wrote.
+                let head = r.u64(off::RXD_HEAD).load(Ordering::Acquire).min(a.rxd_tail);
+                let Some((pos, tail)) =
+                    byte_ring_alloc(head, a.rxd_tail, rxd_size, data.len() as u64)
+                else {
+                    break;
+                };
+                if !r.copy_in(r.rxd(), pos % rxd_size, data) {
+                    break;
+                }
+                a.rxd_tail = tail;
+                e.data_pos = pos;
+                e.data_len = data.len() as u32;
+                r.u64(off::RXD_TAIL).store(tail, Ordering::Release);
+            }
+            r.write_cqe(a.cq_tail, &e);
+            a.cq_tail = a.cq_tail.wrapping_add(1);
+            r.u32(off::CQ_TAIL).store(a.cq_tail, Ordering::Release);
+            let (_, d) = a.backlog.pop_front().unwrap_or_default();
+            a.backlog_bytes -= d.len();
+            a.produced = true;
+            n += 1;
+        }
+        n
+    }
+
+    /// Closes application `i`'s channel for a protocol violation.
+    fn close(&mut self, i: usize, why: &str) {
+        let a = &self.apps[i];
+        *a.info.closed_why.lock() = Some(why.to_string());
+        a.info.dead.store(true, Ordering::Release);
+    }
+
+    /// Reads application `i`'s submissions.
+    fn submissions(&mut self, i: usize, now: Time, node: &mut Node) -> usize {
+        if let Some(o) = self.apps[i].blocked.take() {
+            if let Err(o) = self.send(i, now, node, o) {
+                self.apps[i].blocked = Some(o);
+                return 0;
+            }
+        }
+        let r = self.apps[i].region;
+        let geo = r.geometry();
+        let tail = r.u32(off::SQ_TAIL).load(Ordering::Acquire);
+        let waiting = tail.wrapping_sub(self.apps[i].sq_head);
+        if waiting > geo.sq_entries {
+            self.close(i, "submission ring indices out of range");
+            return 0;
+        }
+        let mut n = 0;
+        while n < BATCH && self.apps[i].sq_head != tail {
+            let e = r.read_sqe(self.apps[i].sq_head);
+            self.apps[i].sq_head = self.apps[i].sq_head.wrapping_add(1);
+            n += 1;
+            match e.op {
+                op::SEND => {
+                    if let Some(o) = self.take_send(i, &e) {
+                        if let Err(o) = self.send(i, now, node, o) {
+                            self.apps[i].blocked = Some(o);
+                            break;
+                        }
+                    }
+                }
+                op::POST_BUFFER => {
+                    let a = &mut self.apps[i];
+                    let (_, pool_size) = r.pool();
+                    let fits = e
+                        .aux
+                        .checked_add(u64::from(e.data_len))
+                        .is_some_and(|end| end <= pool_size);
+                    if fits && a.posted.len() < MAX_POSTED && e.aux2 != 0 {
+                        a.posted.insert(
+                            e.buf_id,
+                            Posted {
+                                off: e.aux,
+                                len: e.data_len,
+                                cookie: e.aux2,
+                            },
+                        );
+                    } else {
+                        a.info.counters.bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                op::CANCEL_BUFFER => {
+                    self.apps[i].posted.remove(&e.buf_id);
+                }
+                _ => {
+                    self.apps[i]
+                        .info
+                        .counters
+                        .bad
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        r.u32(off::SQ_HEAD)
+            .store(self.apps[i].sq_head, Ordering::Release);
+        n
+    }
+
+    /// Copies a send entry's bytes out; returns the message when it is complete.
+    fn take_send(&mut self, i: usize, e: &Sqe) -> Option<Outgoing> {
+        let a = &mut self.apps[i];
+        let r = a.region;
+        let (_, txd_size) = r.txd();
+        let len = e.data_len as usize;
+        let bad = |a: &mut App| {
+            a.info.counters.bad.fetch_add(1, Ordering::Relaxed);
+            a.assembling = None;
+            None
+        };
+        if len as u64 > txd_size {
+            return bad(a);
+        }
+        let (first, mut data) = match a.assembling.take() {
+            Some(x) => x,
+            None => {
+                // The app header: who sends (stamped here, never taken from the app), kind.
+                let wire_kind = if e.flags & sflag::INTO_BUFFER != 0 {
+                    kind::INTO_BUFFER
+                } else if matches!(e.kind, kind::DATA | kind::RPC_REQUEST | kind::RPC_REPLY) {
+                    e.kind
+                } else {
+                    return bad(a);
+                };
+                let mut d = Vec::with_capacity(
+                    APP_HEADER + INTO_BUFFER_HEADER + e.total_len.min(1 << 20) as usize,
+                );
+                d.extend_from_slice(&a.info.service.to_be_bytes());
+                d.push(wire_kind);
+                d.push(0);
+                if wire_kind == kind::INTO_BUFFER {
+                    d.extend_from_slice(&e.buf_id.to_le_bytes());
+                    d.extend_from_slice(&e.aux.to_le_bytes());
+                    d.extend_from_slice(&e.tag.to_le_bytes());
+                }
+                (*e, d)
+            }
+        };
+        let at = data.len();
+        if at + len > MAX_MESSAGE + APP_HEADER + INTO_BUFFER_HEADER {
+            return bad(a);
+        }
+        data.resize(at + len, 0);
+        if !r.copy_out(r.txd(), e.data_pos % txd_size, &mut data[at..]) {
+            return bad(a);
+        }
+        // The application may reuse the bytes now (its head only moves forward).
+        let end = e.data_pos.saturating_add(len as u64);
+        if end > r.u64(off::TXD_HEAD).load(Ordering::Relaxed) {
+            r.u64(off::TXD_HEAD).store(end, Ordering::Release);
+        }
+        if e.flags & sflag::MORE != 0 {
+            a.assembling = Some((first, data));
+            return None;
+        }
+        let target = match first.dest_kind {
+            dest::SERVER => {
+                let (x, y, z) = unpack_coord(first.dest);
+                Target::Server(Coord::new(x, y, z))
+            }
+            dest::KEY => Target::Key(first.dest),
+            _ => return bad(a),
+        };
+        a.info.counters.sent.fetch_add(1, Ordering::Relaxed);
+        Some(Outgoing {
+            target,
+            service: first.service,
+            data,
+            opts: MsgOptions {
+                reliable: first.flags & sflag::RELIABLE != 0,
+                fences: Fences {
+                    backward: first.flags & sflag::BWD_FENCE != 0,
+                    forward: first.flags & sflag::FWD_FENCE != 0,
+                },
+                intercept: false,
+                tag: first.tag,
+                from: Some(a.info.service),
+            },
+        })
+    }
+
+    /// Hands a message to the engine here, or to the poller that owns the peer's
+    /// connection; gives it back when that has no room now.
+    fn send(&mut self, i: usize, now: Time, node: &mut Node, o: Outgoing) -> Result<(), Outgoing> {
+        let owner = match o.target {
+            Target::Server(c) => self.shared.shard_of(c),
+            Target::Key(k) if o.opts.reliable => {
+                node.key_root(k).map_or(0, |r| self.shared.shard_of(r))
+            }
+            Target::Key(_) => 0,
+        };
+        if owner != 0 {
+            let c = Command::Send {
+                target: o.target,
+                service: o.service,
+                data: o.data,
+                opts: o.opts,
+            };
+            return match self.shared.push_to(owner, c) {
+                Ok(()) => Ok(()),
+                Err(Command::Send {
+                    target,
+                    service,
+                    data,
+                    opts,
+                }) => Err(Outgoing {
+                    target,
+                    service,
+                    data,
+                    opts,
+                }),
+                Err(_) => Ok(()),
+            };
+        }
+        match node.send(now, o.target, o.service, &o.data, o.opts) {
+            Ok(()) => Ok(()),
+            Err(SendError::WouldBlock) => Err(o),
+            Err(e) => {
+                let peer = match o.target {
+                    Target::Server(c) => c,
+                    Target::Key(_) => node.local(),
+                };
+                let code = match e {
+                    SendError::Unreachable => reason::UNREACHABLE,
+                    _ => reason::REFUSED,
+                };
+                self.apps[i]
+                    .info
+                    .counters
+                    .failed
+                    .fetch_add(1, Ordering::Relaxed);
+                let e = Cqe {
+                    kind: cq::FAILED,
+                    reason: code,
+                    peer: pack(peer),
+                    tag: o.opts.tag,
+                    ..Cqe::default()
+                };
+                self.enqueue(i, e, &[]);
+                Ok(())
+            }
+        }
+    }
+
+    /// A message for application `i` from the torus.
+    fn message(&mut self, i: usize, now: Time, node: &mut Node, m: Incoming<'_>) {
+        let Incoming {
+            src,
+            data,
+            reliable,
+            key,
+        } = m;
+        if data.len() < APP_HEADER {
+            self.apps[i]
+                .info
+                .counters
+                .bad
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let src_service = u16::from_be_bytes([data[0], data[1]]);
+        let app_kind = data[2];
+        let body = &data[APP_HEADER..];
+        match app_kind {
+            kind::INTO_BUFFER => self.fill_buffer(i, now, node, src, src_service, body),
+            kind::BUFFER_MISSED if body.len() >= 12 => {
+                let mut t = [0u8; 8];
+                t.copy_from_slice(&body[4..12]);
+                let e = Cqe {
+                    kind: cq::BUFFER_MISSED,
+                    peer: pack(src),
+                    tag: u64::from_le_bytes(t),
+                    ..Cqe::default()
+                };
+                self.enqueue(i, e, &[]);
+            }
+            kind::DATA | kind::RPC_REQUEST | kind::RPC_REPLY => {
+                self.apps[i]
+                    .info
+                    .counters
+                    .received
+                    .fetch_add(1, Ordering::Relaxed);
+                let mut flags = 0;
+                if reliable {
+                    flags |= cflag::RELIABLE;
+                }
+                if key.is_some() {
+                    flags |= cflag::KEYED;
+                }
+                let e = Cqe {
+                    kind: cq::MESSAGE,
+                    flags,
+                    app_kind,
+                    src_service,
+                    peer: pack(src),
+                    count: key.unwrap_or(0),
+                    ..Cqe::default()
+                };
+                self.enqueue(i, e, body);
+            }
+            _ => {
+                self.apps[i]
+                    .info
+                    .counters
+                    .bad
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A message for one of application `i`'s return buffers: written into its pool, or
+    /// refused with a notice to its sender.
+    fn fill_buffer(
+        &mut self,
+        i: usize,
+        now: Time,
+        node: &mut Node,
+        src: Coord,
+        src_service: u16,
+        body: &[u8],
+    ) {
+        if body.len() < INTO_BUFFER_HEADER {
+            self.apps[i]
+                .info
+                .counters
+                .bad
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let id = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+        let mut c = [0u8; 8];
+        c.copy_from_slice(&body[4..12]);
+        let cookie = u64::from_le_bytes(c);
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&body[12..20]);
+        let tag = u64::from_le_bytes(t);
+        let data = &body[INTO_BUFFER_HEADER..];
+        let a = &mut self.apps[i];
+        let fits = a
+            .posted
+            .get(&id)
+            .is_some_and(|p| p.cookie == cookie && data.len() <= p.len as usize);
+        if fits {
+            if let Some(p) = a.posted.remove(&id) {
+                let r = a.region;
+                if r.copy_in(r.pool(), p.off, data) {
+                    a.info
+                        .counters
+                        .buffers_filled
+                        .fetch_add(1, Ordering::Relaxed);
+                    let e = Cqe {
+                        kind: cq::BUFFER_FILLED,
+                        src_service,
+                        peer: pack(src),
+                        tag: u64::from(id),
+                        total_len: data.len() as u32,
+                        ..Cqe::default()
+                    };
+                    // Its bytes are in the pool: the completion carries none.
+                    self.enqueue(i, e, &[]);
+                    return;
+                }
+            }
+        }
+        // No such buffer (never posted, taken, too small, or a guessed cookie): the
+        // sender learns it and may send the normal way. A wrong cookie is counted.
+        if a.posted.get(&id).is_some_and(|p| p.cookie != cookie) {
+            a.info.counters.bad.fetch_add(1, Ordering::Relaxed);
+        }
+        self.buf.clear();
+        self.buf
+            .extend_from_slice(&self.apps[i].info.service.to_be_bytes());
+        self.buf.push(kind::BUFFER_MISSED);
+        self.buf.push(0);
+        self.buf.extend_from_slice(&id.to_le_bytes());
+        self.buf.extend_from_slice(&tag.to_le_bytes());
+        let opts = MsgOptions {
+            reliable: true,
+            from: Some(self.apps[i].info.service),
+            ..MsgOptions::default()
+        };
+        let notice = Outgoing {
+            target: Target::Server(src),
+            service: src_service,
+            data: self.buf.clone(),
+            opts,
+        };
+        // A notice that cannot go now is lost like a message to a full queue; its sender's
+        // message was reliable, so it was not silently dropped: it was refused here.
+        let _ = self.send(i, now, node, notice);
+    }
+
+    /// An event for every application.
+    fn broadcast(&mut self, e: Cqe) {
+        for i in 0..self.apps.len() {
+            self.enqueue(i, e, &[]);
+        }
+    }
+}
+
+/// A message from the torus for an application.
+struct Incoming<'a> {
+    src: Coord,
+    data: &'a [u8],
+    reliable: bool,
+    key: Option<u64>,
+}
+
+fn pack(c: Coord) -> u64 {
+    pack_coord(c.x, c.y, c.z)
+}
+
+fn reason_code(r: FailReason) -> u8 {
+    match r {
+        FailReason::PeerRestarted => reason::PEER_RESTARTED,
+        FailReason::PeerReset => reason::PEER_RESET,
+        FailReason::Silent => reason::SILENT,
+        FailReason::Unreachable => reason::UNREACHABLE,
+        FailReason::Refused => reason::REFUSED,
+    }
+}
+
+impl Service for AppsHost {
+    fn name(&self) -> &'static str {
+        "apps"
+    }
+
+    fn ids(&self) -> &[u16] {
+        &[]
+    }
+
+    fn owns(&self, id: u16) -> bool {
+        self.by_service.contains_key(&id)
+    }
+
+    fn on_event(&mut self, now: Time, e: &Event, node: &mut Node) {
+        match e {
+            Event::Message {
+                src,
+                service,
+                data,
+                reliable,
+                key,
+            } => {
+                if let Some(&i) = self.by_service.get(service) {
+                    let m = Incoming {
+                        src: *src,
+                        data,
+                        reliable: *reliable,
+                        key: *key,
+                    };
+                    self.message(i, now, node, m);
+                }
+            }
+            Event::Acked {
+                peer,
+                service,
+                count,
+                last_tag,
+            } => {
+                if let Some(&i) = self.by_service.get(service) {
+                    self.apps[i]
+                        .info
+                        .counters
+                        .acked
+                        .fetch_add(u64::from(*count), Ordering::Relaxed);
+                    let e = Cqe {
+                        kind: cq::ACKED,
+                        peer: pack(*peer),
+                        tag: *last_tag,
+                        count: u64::from(*count),
+                        ..Cqe::default()
+                    };
+                    self.enqueue(i, e, &[]);
+                }
+            }
+            Event::Failed {
+                peer,
+                service,
+                tags,
+                reason: r,
+            } => {
+                if let Some(&i) = self.by_service.get(service) {
+                    self.apps[i]
+                        .info
+                        .counters
+                        .failed
+                        .fetch_add(tags.len() as u64, Ordering::Relaxed);
+                    for t in tags {
+                        let e = Cqe {
+                            kind: cq::FAILED,
+                            reason: reason_code(*r),
+                            peer: pack(*peer),
+                            tag: *t,
+                            ..Cqe::default()
+                        };
+                        self.enqueue(i, e, &[]);
+                    }
+                }
+            }
+            Event::PeerReset { peer, reason: r } => self.broadcast(Cqe {
+                kind: cq::PEER_RESET,
+                reason: reason_code(*r),
+                peer: pack(*peer),
+                ..Cqe::default()
+            }),
+            Event::Unreachable(c) => self.broadcast(Cqe {
+                kind: cq::UNREACHABLE,
+                peer: pack(*c),
+                ..Cqe::default()
+            }),
+            Event::Reachable(c) => self.broadcast(Cqe {
+                kind: cq::REACHABLE,
+                peer: pack(*c),
+                ..Cqe::default()
+            }),
+        }
+    }
+
+    fn on_request(
+        &mut self,
+        _now: Time,
+        request: Request,
+        _node: &mut Node,
+    ) -> Result<(), Request> {
+        Err(request)
+    }
+
+    fn poll(&mut self, now: Time, node: &mut Node) -> usize {
+        let mut n = self.adopt();
+        self.reap();
+        for i in 0..self.apps.len() {
+            n += self.submissions(i, now, node);
+        }
+        for i in 0..self.apps.len() {
+            n += self.flush(i);
+            let a = &mut self.apps[i];
+            if std::mem::take(&mut a.produced) {
+                // Pairs with the application's store of APP_WAITING before its last look.
+                fence(Ordering::SeqCst);
+                if a.region.u32(off::APP_WAITING).load(Ordering::SeqCst) != 0 {
+                    sys::signal(a.efd.as_raw_fd());
+                }
+            }
+        }
+        self.reap();
+        n
+    }
+
+    fn may_sleep(&mut self) -> bool {
+        let mut idle = self.shared.apps.pending.is_empty();
+        for a in &self.apps {
+            let r = a.region;
+            r.u32(off::TORUSD_WAITING).store(1, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+        for a in &self.apps {
+            let r = a.region;
+            let tail = r.u32(off::SQ_TAIL).load(Ordering::SeqCst);
+            idle &= tail == a.sq_head && a.blocked.is_none();
+            // Waiting events and room for them: flush before sleeping.
+            if !a.backlog.is_empty() {
+                let head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
+                idle &= a.cq_tail.wrapping_sub(head) >= r.geometry().cq_entries;
+            }
+        }
+        idle
+    }
+
+    fn woke(&mut self) {
+        for a in &self.apps {
+            a.region
+                .u32(off::TORUSD_WAITING)
+                .store(0, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! The application socket: attach, credential check, channel hand-over, and each attached
+//! application's slow requests (names, acknowledgements) until its connection closes.
+//!
+//! Protocol: one JSON object per line. The application sends
+//! `{"cmd":"attach","name":NAME,"version":1}`; torusd answers
+//! `{"ok":true,"service":ID,"coord":[x,y,z],"dims":"XxYxZ"}` with three descriptors (the
+//! channel's memfd, the eventfd torusd signals, the eventfd that wakes torusd), or
+//! `{"error":...}` and closes. Then: `{"cmd":"resolve","name":N,"timeout_ms":T}` ->
+//! `{"locations":[{"server":[x,y,z],"service":ID}...]}`, `{"cmd":"notify_acks","on":B}`,
+//! `{"cmd":"status"}`. Closing the connection detaches the application.
+
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use torusnet_client::channel::{self, Geometry, Region};
+use torusnet_client::sys;
+use torusnet_services::names::{NamesRequest, MAX_NAME, NAMES};
+
+use super::{AppInfo, AppsConfig, NewApp};
+use crate::runtime::{Command, Shared};
+
+/// Binds the application socket and serves it from a thread until torusd stops.
+pub fn start(cfg: AppsConfig, shared: Arc<Shared>) -> std::io::Result<()> {
+    if let Some(dir) = cfg.socket.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(&cfg.socket);
+    let listener = UnixListener::bind(&cfg.socket)?;
+    // Anyone may connect; the credential check refuses with a clear message instead of a
+    // bare "permission denied".
+    std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o666))?;
+    listener.set_nonblocking(true)?;
+    let gid = cfg.group.as_deref().and_then(group_id);
+    std::thread::Builder::new()
+        .name("torusd-apps".into())
+        .spawn(move || {
+            while !shared.shutdown.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        let shared = shared.clone();
+                        let cfg = cfg.clone();
+                        let _ = std::thread::Builder::new()
+                            .name("torusd-app".into())
+                            .spawn(move || serve(s, &cfg, gid, &shared));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+            let _ = std::fs::remove_file(&cfg.socket);
+        })?;
+    Ok(())
+}
+
+/// The id of group `name`, if it exists.
+fn group_id(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16384];
+    // SAFETY: getgrnam_r with our buffers; result is checked for null.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    let r = unsafe {
+        libc::getgrnam_r(
+            c.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    (r == 0 && !out.is_null()).then_some(grp.gr_gid)
+}
+
+fn say(s: &UnixStream, v: &Value) -> bool {
+    let mut w = s;
+    writeln!(w, "{v}").is_ok()
+}
+
+fn read_request(s: &UnixStream) -> Option<Value> {
+    let (line, _) = sys::recv_line_with_fds(s, 0).ok()?;
+    Some(serde_json::from_slice(&line).unwrap_or(Value::Null))
+}
+
+fn serve(s: UnixStream, cfg: &AppsConfig, gid: Option<u32>, shared: &Arc<Shared>) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+    let Some(req) = read_request(&s) else { return };
+    let info = match attach(&s, &req, cfg, gid, shared) {
+        Ok(info) => info,
+        Err(e) => {
+            say(&s, &json!({ "error": e }));
+            return;
+        }
+    };
+    // Held for the application's life: requests come rarely, or never.
+    let _ = s.set_read_timeout(None);
+    while let Some(req) = read_request(&s) {
+        let answer = request(&req, &info, shared);
+        if !say(&s, &answer) {
+            break;
+        }
+        if info.dead.load(Ordering::Acquire) {
+            break;
+        }
+    }
+    info.dead.store(true, Ordering::Release);
+    // Its name leaves the directory now rather than when the entry expires.
+    let _ = shared.push_to(
+        0,
+        Command::Request {
+            service: NAMES,
+            request: Box::new(NamesRequest::Unregister {
+                name: info.name.clone(),
+                id: info.service,
+            }),
+        },
+    );
+}
+
+fn attach(
+    s: &UnixStream,
+    req: &Value,
+    cfg: &AppsConfig,
+    gid: Option<u32>,
+    shared: &Arc<Shared>,
+) -> Result<Arc<AppInfo>, String> {
+    let (pid, uid, pgid, groups) =
+        sys::peer_credentials(s).map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let member = gid.is_some_and(|g| pgid == g || groups.contains(&g));
+    if uid != 0 && uid != me && !member {
+        return Err(match &cfg.group {
+            Some(g) => format!(
+                "user {uid} may not attach to torusd: root, torusd's user and members of group {g:?} may"
+            ),
+            None => format!(
+                "user {uid} may not attach to torusd: only root and torusd's user may (set [apps] group in its node file to let a group in)"
+            ),
+        });
+    }
+    if req.get("cmd").and_then(Value::as_str) != Some("attach") {
+        return Err("the first request must be {\"cmd\":\"attach\",\"name\":...}".into());
+    }
+    if req.get("version").and_then(Value::as_u64) != Some(u64::from(channel::VERSION)) {
+        return Err(format!(
+            "channel layout version mismatch: torusd speaks {}",
+            channel::VERSION
+        ));
+    }
+    let name = req
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("attach: missing \"name\"")?;
+    if name.is_empty()
+        || name.len() > MAX_NAME
+        || name.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(format!(
+            "bad service name {name:?}: 1..={MAX_NAME} bytes, no spaces or control characters"
+        ));
+    }
+    let service = channel::service_id(name);
+    let info = Arc::new(AppInfo {
+        name: name.to_string(),
+        service,
+        pid,
+        uid,
+        attached: Instant::now(),
+        dead: Default::default(),
+        closed_why: Default::default(),
+        counters: Default::default(),
+    });
+    {
+        let mut apps = shared.apps.apps.lock();
+        apps.retain(|a| !a.dead.load(Ordering::Acquire));
+        if let Some(a) = apps.iter().find(|a| a.service == service) {
+            return Err(if a.name == name {
+                format!("service {name:?} is attached already (pid {})", a.pid)
+            } else {
+                format!(
+                    "service {name:?} would get id {service}, taken by {:?} on this server: choose another name",
+                    a.name
+                )
+            });
+        }
+        if apps.len() >= cfg.max_apps {
+            return Err(format!(
+                "{} applications are attached, the most this torusd takes",
+                apps.len()
+            ));
+        }
+        apps.push(info.clone());
+    }
+    let fail = |e: String| {
+        info.dead.store(true, Ordering::Release);
+        e
+    };
+    let geo = Geometry::default();
+    let len = geo.total() as usize;
+    let mem = sys::memfd(&format!("torusnet-app-{name}"), len)
+        .map_err(|e| fail(format!("cannot create the channel: {e}")))?;
+    let map =
+        sys::Mapping::map(&mem, len).map_err(|e| fail(format!("cannot map the channel: {e}")))?;
+    // SAFETY: the mapping lives in NewApp with the region, for as long as the host uses it.
+    let region =
+        unsafe { Region::init(map.ptr(), map.len(), geo) }.map_err(|e| fail(e.to_string()))?;
+    let app_efd = sys::eventfd().map_err(|e| fail(format!("eventfd: {e}")))?;
+    let wake = shared.shards[0].wake.as_raw_fd();
+    let new = NewApp {
+        info: info.clone(),
+        map,
+        region,
+        app_efd: app_efd
+            .try_clone()
+            .map_err(|e| fail(format!("eventfd: {e}")))?,
+    };
+    if shared.apps.pending.push(new).is_err() {
+        return Err(fail(
+            "torusd is busy adopting other applications: try again".into(),
+        ));
+    }
+    shared.shards[0].wake();
+    let answer = json!({
+        "ok": true,
+        "service": service,
+        "coord": shared.coord.to_array(),
+        "dims": shared.dims.to_string(),
+    });
+    let line = format!("{answer}\n");
+    sys::send_with_fds(
+        s,
+        line.as_bytes(),
+        &[mem.as_raw_fd(), app_efd.as_raw_fd(), wake],
+    )
+    .map_err(|e| fail(format!("cannot pass the channel: {e}")))?;
+    let _ = shared.push_to(
+        0,
+        Command::Request {
+            service: NAMES,
+            request: Box::new(NamesRequest::Register {
+                name: name.to_string(),
+                id: service,
+            }),
+        },
+    );
+    Ok(info)
+}
+
+fn request(req: &Value, info: &AppInfo, shared: &Arc<Shared>) -> Value {
+    match req.get("cmd").and_then(Value::as_str) {
+        Some("resolve") => {
+            let Some(name) = req.get("name").and_then(Value::as_str) else {
+                return json!({"error": "resolve: missing \"name\""});
+            };
+            let ms = req
+                .get("timeout_ms")
+                .and_then(Value::as_u64)
+                .unwrap_or(1000)
+                .clamp(1, 60_000);
+            let (tx, rx) = mpsc::channel();
+            let r = NamesRequest::Lookup {
+                name: name.to_string(),
+                timeout: Duration::from_millis(ms),
+                reply: tx,
+            };
+            let c = Command::Request {
+                service: NAMES,
+                request: Box::new(r),
+            };
+            if shared.push_to(0, c).is_err() {
+                return json!({"error": "torusd is busy: try again"});
+            }
+            rx.recv_timeout(Duration::from_millis(ms) + Duration::from_secs(1))
+                .unwrap_or_else(|_| json!({"error": "no answer from the name directory in time"}))
+        }
+        Some("notify_acks") => {
+            let on = req.get("on").and_then(Value::as_bool).unwrap_or(true);
+            match shared.push(Command::NotifyAcks(info.service, on)) {
+                Ok(()) => json!({"ok": true}),
+                Err(_) => json!({"error": "torusd is busy: try again"}),
+            }
+        }
+        Some("status") => json!({
+            "name": info.name,
+            "service": info.service,
+            "closed": *info.closed_why.lock(),
+        }),
+        _ => json!({"error": "unknown request (resolve, notify_acks, status)"}),
+    }
+}

@@ -1,0 +1,172 @@
+//! Applications in their own processes: the server side of the shared-memory channels.
+//!
+//! - [`listener`]: the application socket. A process connects, is checked (its peer
+//!   credentials: root, torusd's own user, or a member of the configured group), names its
+//!   service, and receives its channel: a memfd holding the rings (layout in
+//!   `torusnet_client::channel`) and two eventfds. The connection then carries slow requests
+//!   (resolve a name, acknowledgements on or off); when it closes, the application is gone.
+//! - [`host`]: the channels' other end, a service hosted in the first poller. Each turn it
+//!   reads what applications submitted and hands it to the engine, and writes what the
+//!   engine delivered for them into their rings, without a system call unless one side
+//!   sleeps.
+//!
+//! What an application writes into its channel is untrusted: the host copies entries out
+//! before checking them, bounds every offset and length, stamps the sender's service id
+//! itself, and closes a channel whose indices make no sense. One application that floods,
+//! stops reading or dies never stalls torusd or the others: rings are bounded, a full one
+//! answers "would block" to its application, undelivered events wait in a bounded queue
+//! and beyond it are dropped and reported to that application only, and a closed socket
+//! releases the channel.
+
+pub mod host;
+pub mod listener;
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_queue::ArrayQueue;
+use parking_lot::Mutex;
+use serde::Serialize;
+use torusnet_client::channel::Region;
+use torusnet_client::sys::Mapping;
+
+/// Where applications attach, and who may.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppsConfig {
+    /// The application socket.
+    pub socket: PathBuf,
+    /// Members of this group may attach (root and torusd's own user always may).
+    pub group: Option<String>,
+    /// At most this many applications at once.
+    pub max_apps: usize,
+}
+
+/// Counters of one application, updated by the host.
+#[derive(Debug, Default)]
+pub struct AppCounters {
+    /// Messages it submitted that torusd took.
+    pub sent: AtomicU64,
+    /// Messages delivered into its channel.
+    pub received: AtomicU64,
+    /// Of its messages, acknowledged.
+    pub acked: AtomicU64,
+    /// Of its messages, reported failed.
+    pub failed: AtomicU64,
+    /// Incoming messages dropped because it did not read them.
+    pub dropped: AtomicU64,
+    /// Submissions refused as malformed.
+    pub bad: AtomicU64,
+    /// Return buffers filled.
+    pub buffers_filled: AtomicU64,
+}
+
+/// One attached application, as both the listener and the host see it.
+#[derive(Debug)]
+pub struct AppInfo {
+    /// Its service name.
+    pub name: String,
+    /// Its service id.
+    pub service: u16,
+    /// Its process.
+    pub pid: i32,
+    /// Its user.
+    pub uid: u32,
+    /// When it attached.
+    pub attached: Instant,
+    /// Set when its socket closed (or the host closed its channel).
+    pub dead: AtomicBool,
+    /// Why the host closed its channel, if it did.
+    pub closed_why: Mutex<Option<String>>,
+    /// Its counters.
+    pub counters: AppCounters,
+}
+
+/// A channel ready for the host to adopt.
+pub struct NewApp {
+    pub(crate) info: Arc<AppInfo>,
+    pub(crate) map: Mapping,
+    pub(crate) region: Region,
+    pub(crate) app_efd: OwnedFd,
+}
+
+/// The applications of one torusd: new channels on their way to the host, and every
+/// attached application (for status and for unique service ids).
+pub struct AppsRegistry {
+    pub(crate) pending: ArrayQueue<NewApp>,
+    pub(crate) apps: Mutex<Vec<Arc<AppInfo>>>,
+}
+
+impl std::fmt::Debug for AppsRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppsRegistry")
+            .field("apps", &self.apps.lock().len())
+            .finish()
+    }
+}
+
+impl Default for AppsRegistry {
+    fn default() -> AppsRegistry {
+        AppsRegistry {
+            pending: ArrayQueue::new(64),
+            apps: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// One application in `torusctl status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct AppStatus {
+    /// Its service name.
+    pub name: String,
+    /// Its service id.
+    pub service: u16,
+    /// Its process.
+    pub pid: i32,
+    /// Its user.
+    pub uid: u32,
+    /// Seconds since it attached.
+    pub attached_s: f64,
+    /// Messages it sent.
+    pub sent: u64,
+    /// Messages delivered to it.
+    pub received: u64,
+    /// Of its messages, acknowledged (when it asked for reports).
+    pub acked: u64,
+    /// Of its messages, failed.
+    pub failed: u64,
+    /// Incoming messages dropped because it did not read them.
+    pub dropped: u64,
+    /// Malformed submissions refused.
+    pub bad: u64,
+    /// Return buffers filled.
+    pub buffers_filled: u64,
+}
+
+impl AppsRegistry {
+    /// The attached applications.
+    pub fn status(&self) -> Vec<AppStatus> {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        self.apps
+            .lock()
+            .iter()
+            .filter(|a| !a.dead.load(Ordering::Acquire))
+            .map(|a| AppStatus {
+                name: a.name.clone(),
+                service: a.service,
+                pid: a.pid,
+                uid: a.uid,
+                attached_s: a.attached.elapsed().as_secs_f64(),
+                sent: g(&a.counters.sent),
+                received: g(&a.counters.received),
+                acked: g(&a.counters.acked),
+                failed: g(&a.counters.failed),
+                dropped: g(&a.counters.dropped),
+                bad: g(&a.counters.bad),
+                buffers_filled: g(&a.counters.buffers_filled),
+            })
+            .collect()
+    }
+}

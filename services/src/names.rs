@@ -1,0 +1,350 @@
+//! `names` (service 5): where services run, found by name across the torus (libRIPC's
+//! resolver, as a directory on the key space).
+//!
+//! A name's directory entry lives on the root of the name's key (SHA-1 of `"service:" +
+//! name`). Every server registers the names of its attached applications there, and
+//! re-registers them every `refresh`; an entry not refreshed for `3 x refresh` is dropped,
+//! as is every entry of a server that becomes unreachable. So the directory is soft state:
+//! when a root fails, the key's next candidate becomes its root and has the entries again
+//! after one refresh; an application that exits is unregistered at once, and one that moves
+//! to another server is found there as soon as it registers. A lookup goes to the root and
+//! comes back with every server hosting the name; it ends with an answer or its deadline.
+//!
+//! Messages (reliable, service 5): `G id name` register, `U id name` unregister,
+//! `L query name` look up, `A query n (x y z id)*n` answer. Names are at most 255 bytes;
+//! a directory keeps at most 65536 names of at most 256 servers each.
+
+use std::collections::HashMap;
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use torusnet_proto::keyspace::Key;
+use torusnet_proto::node::{Event, MsgOptions, Node, Target};
+use torusnet_proto::service::{Request, Service};
+use torusnet_proto::time::Time;
+use torusnet_proto::topology::Coord;
+
+/// Service id of the name directory.
+pub const NAMES: u16 = 5;
+
+/// Longest name.
+pub const MAX_NAME: usize = 255;
+const MAX_NAMES: usize = 1 << 16;
+const MAX_HOSTS: usize = 256;
+
+/// What the name service is asked by its own server.
+#[derive(Debug)]
+pub enum NamesRequest {
+    /// Keep `name` registered for service `id` on this server.
+    Register {
+        /// The name.
+        name: String,
+        /// Its service id here.
+        id: u16,
+    },
+    /// Stop registering it (and remove it from the directory now).
+    Unregister {
+        /// The name.
+        name: String,
+        /// Its service id.
+        id: u16,
+    },
+    /// Where `name` runs: `{"locations": [{"server": [x,y,z], "service": id}, ...]}`.
+    Lookup {
+        /// The name.
+        name: String,
+        /// Answer by then, with an error if the directory did not answer.
+        timeout: Duration,
+        /// Where the answer goes.
+        reply: Sender<Value>,
+    },
+}
+
+/// The routing key of a name's directory entry.
+pub fn name_key(name: &str) -> u64 {
+    Key::from_string(&format!("service:{name}")).routing_key()
+}
+
+#[derive(Debug)]
+struct Pending {
+    reply: Sender<Value>,
+    deadline: Time,
+}
+
+/// The name service of one server: its own registrations, the directory entries it roots,
+/// and lookups in flight.
+#[derive(Debug)]
+pub struct Names {
+    refresh: Duration,
+    mine: Vec<(String, u16)>,
+    next_refresh: Option<Time>,
+    /// name -> (server, service id, expires).
+    directory: HashMap<String, Vec<(Coord, u16, Time)>>,
+    pending: HashMap<u64, Pending>,
+    next_query: u64,
+    buf: Vec<u8>,
+}
+
+impl Default for Names {
+    fn default() -> Names {
+        Names::new(Duration::from_secs(1))
+    }
+}
+
+fn rel() -> MsgOptions {
+    MsgOptions {
+        reliable: true,
+        ..MsgOptions::default()
+    }
+}
+
+impl Names {
+    /// A name service re-registering every `refresh`.
+    pub fn new(refresh: Duration) -> Names {
+        Names {
+            refresh,
+            mine: Vec::new(),
+            next_refresh: None,
+            directory: HashMap::new(),
+            pending: HashMap::new(),
+            next_query: 1,
+            buf: Vec::new(),
+        }
+    }
+
+    /// How many names this server roots entries for.
+    pub fn rooted(&self) -> usize {
+        self.directory.len()
+    }
+
+    fn send_named(&mut self, now: Time, node: &mut Node, op: u8, id: u16, name: &str) {
+        self.buf.clear();
+        self.buf.push(op);
+        self.buf.extend_from_slice(&id.to_le_bytes());
+        self.buf.extend_from_slice(name.as_bytes());
+        // A registration that cannot be queued now is sent again at the next refresh.
+        let _ = node.send(now, Target::Key(name_key(name)), NAMES, &self.buf, rel());
+    }
+
+    fn register_at(&mut self, now: Time, from: Coord, id: u16, name: &str) {
+        if name.len() > MAX_NAME
+            || (self.directory.len() >= MAX_NAMES && !self.directory.contains_key(name))
+        {
+            return;
+        }
+        let expires = now + self.refresh * 3;
+        // The refresh tick also expires entries: keep it running while this server roots any.
+        self.next_refresh.get_or_insert(now + self.refresh);
+        let e = self.directory.entry(name.to_string()).or_default();
+        if let Some(x) = e.iter_mut().find(|(c, i, _)| *c == from && *i == id) {
+            x.2 = expires;
+        } else if e.len() < MAX_HOSTS {
+            e.push((from, id, expires));
+        }
+    }
+
+    fn unregister_at(&mut self, from: Coord, id: u16, name: &str) {
+        if let Some(e) = self.directory.get_mut(name) {
+            e.retain(|(c, i, _)| !(*c == from && *i == id));
+            if e.is_empty() {
+                self.directory.remove(name);
+            }
+        }
+    }
+
+    fn answer(&mut self, now: Time, node: &mut Node, to: Coord, query: u64, name: &str) {
+        let hosts: Vec<(Coord, u16)> = self
+            .directory
+            .get(name)
+            .map(|e| e.iter().filter(|x| x.2 > now).map(|x| (x.0, x.1)).collect())
+            .unwrap_or_default();
+        self.buf.clear();
+        self.buf.push(b'A');
+        self.buf.extend_from_slice(&query.to_le_bytes());
+        self.buf
+            .extend_from_slice(&(hosts.len() as u16).to_le_bytes());
+        for (c, id) in hosts {
+            for v in [c.x, c.y, c.z, id] {
+                self.buf.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        if to == node.local() {
+            let body = self.buf[1..].to_vec();
+            self.finish(query, &body);
+        } else {
+            let _ = node.send(now, Target::Server(to), NAMES, &self.buf, rel());
+        }
+    }
+
+    /// An answer (the bytes after `A`) for one of our lookups.
+    fn finish(&mut self, query: u64, body: &[u8]) {
+        let Some(p) = self.pending.remove(&query) else {
+            return;
+        };
+        let mut locations = Vec::new();
+        let n = body
+            .get(8..10)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+            .unwrap_or(0);
+        for i in 0..n {
+            let Some(e) = body.get(10 + i * 8..18 + i * 8) else {
+                break;
+            };
+            let g = |k: usize| u16::from_le_bytes([e[k], e[k + 1]]);
+            locations.push(json!({"server": [g(0), g(2), g(4)], "service": g(6)}));
+        }
+        let _ = p.reply.send(json!({ "locations": locations }));
+    }
+
+    fn on_message(&mut self, now: Time, src: Coord, data: &[u8], node: &mut Node) {
+        let Some((&op, rest)) = data.split_first() else {
+            return;
+        };
+        match op {
+            b'G' | b'U' if rest.len() >= 2 => {
+                let id = u16::from_le_bytes([rest[0], rest[1]]);
+                let Ok(name) = std::str::from_utf8(&rest[2..]) else {
+                    return;
+                };
+                if op == b'G' {
+                    self.register_at(now, src, id, name);
+                } else {
+                    self.unregister_at(src, id, name);
+                }
+            }
+            b'L' if rest.len() >= 8 => {
+                let mut q = [0u8; 8];
+                q.copy_from_slice(&rest[..8]);
+                if let Ok(name) = std::str::from_utf8(&rest[8..]) {
+                    let name = name.to_string();
+                    self.answer(now, node, src, u64::from_le_bytes(q), &name);
+                }
+            }
+            b'A' if rest.len() >= 10 => {
+                let mut q = [0u8; 8];
+                q.copy_from_slice(&rest[..8]);
+                self.finish(u64::from_le_bytes(q), rest);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Service for Names {
+    fn name(&self) -> &'static str {
+        "names"
+    }
+
+    fn ids(&self) -> &[u16] {
+        &[NAMES]
+    }
+
+    fn on_event(&mut self, now: Time, e: &Event, node: &mut Node) {
+        match e {
+            Event::Message {
+                src,
+                service: NAMES,
+                data,
+                ..
+            } => self.on_message(now, *src, data, node),
+            Event::Unreachable(c) => {
+                for e in self.directory.values_mut() {
+                    e.retain(|x| x.0 != *c);
+                }
+                self.directory.retain(|_, e| !e.is_empty());
+            }
+            // A restarted root lost the directory: register again now.
+            Event::PeerReset { .. } | Event::Reachable(_) => self.next_refresh = Some(now),
+            _ => {}
+        }
+    }
+
+    fn on_request(&mut self, now: Time, request: Request, node: &mut Node) -> Result<(), Request> {
+        match *request.downcast::<NamesRequest>()? {
+            NamesRequest::Register { name, id } => {
+                if !self.mine.iter().any(|(n, i)| *n == name && *i == id) {
+                    self.mine.push((name.clone(), id));
+                }
+                self.send_named(now, node, b'G', id, &name);
+                self.next_refresh.get_or_insert(now + self.refresh);
+            }
+            NamesRequest::Unregister { name, id } => {
+                self.mine.retain(|(n, i)| !(*n == name && *i == id));
+                self.send_named(now, node, b'U', id, &name);
+            }
+            NamesRequest::Lookup {
+                name,
+                timeout,
+                reply,
+            } => {
+                let q = self.next_query;
+                self.next_query += 1;
+                self.pending.insert(
+                    q,
+                    Pending {
+                        reply,
+                        deadline: now + timeout,
+                    },
+                );
+                self.buf.clear();
+                self.buf.push(b'L');
+                self.buf.extend_from_slice(&q.to_le_bytes());
+                self.buf.extend_from_slice(name.as_bytes());
+                let key = name_key(&name);
+                if node.key_root(key) == Some(node.local()) {
+                    self.answer(now, node, node.local(), q, &name);
+                } else if let Err(e) = node.send(now, Target::Key(key), NAMES, &self.buf, rel()) {
+                    if let Some(p) = self.pending.remove(&q) {
+                        let _ = p
+                            .reply
+                            .send(json!({"error": format!("lookup of {name:?}: {e}")}));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, now: Time, node: &mut Node) -> usize {
+        let mut n = 0;
+        if self.next_refresh.is_some_and(|t| now >= t) {
+            let mine = std::mem::take(&mut self.mine);
+            for (name, id) in &mine {
+                self.send_named(now, node, b'G', *id, name);
+                n += 1;
+            }
+            self.mine = mine;
+            self.next_refresh =
+                (!self.mine.is_empty() || !self.directory.is_empty()).then_some(now + self.refresh);
+            // Expired entries go with the refresh tick.
+            for e in self.directory.values_mut() {
+                e.retain(|x| x.2 > now);
+            }
+            self.directory.retain(|_, e| !e.is_empty());
+        }
+        let expired: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now >= p.deadline)
+            .map(|(q, _)| *q)
+            .collect();
+        for q in expired {
+            if let Some(p) = self.pending.remove(&q) {
+                let _ = p
+                    .reply
+                    .send(json!({"error": "the name directory did not answer in time"}));
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        let lookups = self.pending.values().map(|p| p.deadline).min();
+        match (self.next_refresh, lookups) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
