@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod apps;
 mod baseline;
 mod measure;
 mod netbench;
@@ -40,6 +41,8 @@ enum Cmd {
     Twoway(netbench::FlowArgs),
     /// The standard suite (about 2-5 minutes here), results into bench/results/.
     Suite(netbench::SuiteArgs),
+    /// Applications attached from their own process vs the embedded API, same link, same run.
+    Apps(apps::Args),
     /// Experiments on the packet-level simulator of the whole torus (same engines).
     Sim(sim::Args),
     /// Redraw the suite's SVG charts from a results file.
@@ -64,6 +67,7 @@ fn main() {
         Cmd::Twoway(a) => netbench::run_flow(&a, true),
         Cmd::Suite(a) => netbench::run_suite(&a),
         Cmd::Sim(a) => sim::run(&a),
+        Cmd::Apps(a) => apps::run(&a),
         Cmd::Plot { from, out } => std::fs::read_to_string(&from)
             .map_err(|e| format!("{}: {e}", from.display()))
             .and_then(|t| serde_json::from_str(&t).map_err(|e| format!("{}: {e}", from.display())))

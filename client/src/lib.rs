@@ -295,6 +295,10 @@ struct Tx {
     sq_tail: u32,
     txd_tail: u64,
     next_tag: u64,
+    /// torusd's SQ head and TX data head as last read: re-read only when the ring looks
+    /// full, so a send does not touch torusd's cache lines.
+    sq_head: u32,
+    txd_head: u64,
 }
 
 /// Receive-side state (the CQ and the RX data ring).
@@ -430,6 +434,8 @@ impl Client {
                 sq_tail: 0,
                 txd_tail: 0,
                 next_tag: 1,
+                sq_head: 0,
+                txd_head: 0,
             }),
             rx: Mutex::new(Rx::default()),
             pool: Mutex::new(Pool::default()),
@@ -611,29 +617,33 @@ impl Client {
         let mut tx = self.tx.lock();
         let tag = opts.tag.unwrap_or(tx.next_tag);
         tx.next_tag = tx.next_tag.max(tag) + 1;
-        let segments: Vec<&[u8]> = if data.is_empty() {
-            vec![data]
-        } else {
-            data.chunks(seg).collect()
-        };
+        let nseg = data.len().div_ceil(seg).max(1);
         let entries = r.geometry().sq_entries;
-        for (i, part) in segments.iter().enumerate() {
-            let last = i + 1 == segments.len();
+        for i in 0..nseg {
+            let part = &data[(i * seg).min(data.len())..((i + 1) * seg).min(data.len())];
+            let last = i + 1 == nseg;
             // Space in both rings; the first segment refuses at once, later ones wait for
             // torusd to make room (the message is already half submitted).
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut deadline = None;
+            let mut fresh = false;
             let (pos, new_tail) = loop {
-                let sq_head = r.u32(off::SQ_HEAD).load(Ordering::Acquire);
-                let txd_head = r.u64(off::TXD_HEAD).load(Ordering::Acquire);
-                let sq_room = tx.sq_tail.wrapping_sub(sq_head) < entries;
-                let alloc = byte_ring_alloc(txd_head, tx.txd_tail, txd_size, part.len() as u64);
+                let sq_room = tx.sq_tail.wrapping_sub(tx.sq_head) < entries;
+                let alloc = byte_ring_alloc(tx.txd_head, tx.txd_tail, txd_size, part.len() as u64);
                 if let (true, Some(a)) = (sq_room, alloc) {
                     break a;
                 }
+                if !fresh {
+                    tx.sq_head = r.u32(off::SQ_HEAD).load(Ordering::Acquire);
+                    tx.txd_head = r.u64(off::TXD_HEAD).load(Ordering::Acquire);
+                    fresh = true;
+                    continue;
+                }
+                fresh = false;
                 if i == 0 {
                     return Err(Error::WouldBlock);
                 }
-                if Instant::now() > deadline {
+                let d = *deadline.get_or_insert_with(|| Instant::now() + Duration::from_secs(10));
+                if Instant::now() > d {
                     return Err(Error::Timeout);
                 }
                 self.kick();
@@ -660,7 +670,6 @@ impl Client {
             r.write_sqe(tx.sq_tail, &e);
             tx.sq_tail = tx.sq_tail.wrapping_add(1);
             tx.txd_tail = new_tail;
-            r.u64(off::TXD_TAIL).store(tx.txd_tail, Ordering::Release);
             r.u32(off::SQ_TAIL).store(tx.sq_tail, Ordering::Release);
         }
         drop(tx);
@@ -1013,8 +1022,8 @@ impl Client {
         pool.buffers.insert(id, (at, len, false));
         drop(pool);
         let mut tx = self.tx.lock();
-        let sq_head = r.u32(off::SQ_HEAD).load(Ordering::Acquire);
-        if tx.sq_tail.wrapping_sub(sq_head) >= r.geometry().sq_entries {
+        tx.sq_head = r.u32(off::SQ_HEAD).load(Ordering::Acquire);
+        if tx.sq_tail.wrapping_sub(tx.sq_head) >= r.geometry().sq_entries {
             return Err(Error::WouldBlock);
         }
         let e = Sqe {

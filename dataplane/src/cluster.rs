@@ -177,25 +177,64 @@ impl Cluster {
                     format_mac(mac)
                 );
             }
-            let path = self.dir.join(format!("n{i}.toml"));
+            let path = self.config_path(i);
             std::fs::write(&path, &t).expect("write config");
             self.servers[i].config = t;
-            let log = std::fs::File::create(self.dir.join(format!("n{i}.log"))).expect("log");
-            let child = Command::new("ip")
-                .args(["netns", "exec", self.servers[i].ns.name()])
-                .arg(bin("torusd"))
-                .arg("--config")
-                .arg(&path)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("spawn torusd");
-            self.servers[i].child = Some(child);
+            self.spawn(i);
         }
         for i in 0..self.servers.len() {
             self.wait_ready(i);
         }
+    }
+
+    /// Server `i`'s node file.
+    pub fn config_path(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("n{i}.toml"))
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("n{i}.log")))
+            .expect("log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", self.servers[i].ns.name()])
+            .arg(bin("torusd"))
+            .arg("--config")
+            .arg(self.config_path(i))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn torusd");
+        self.servers[i].child = Some(child);
+    }
+
+    /// Stops server `i`'s torusd (SIGTERM, then SIGKILL after 3 s) and waits for it.
+    pub fn stop(&mut self, i: usize) {
+        if let Some(mut c) = self.servers[i].child.take() {
+            // SAFETY: sending a signal to a process we started.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts server `i`'s torusd again with its node file, and waits until it answers.
+    pub fn restart(&mut self, i: usize) {
+        self.stop(i);
+        self.spawn(i);
+        self.wait_ready(i);
     }
 
     fn wait_ready(&mut self, i: usize) {

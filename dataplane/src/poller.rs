@@ -253,7 +253,8 @@ impl Poller {
             events: libc::POLLIN,
             revents: 0,
         });
-        self.me().sleeping.store(true, Ordering::Release);
+        self.me().sleeping.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
         let mut quiet = self.me().commands.is_empty() && self.me().handoff.is_empty();
         for svc in &mut self.services {
             quiet &= svc.may_sleep();
@@ -876,11 +877,14 @@ impl Poller {
             self.overflow_drops += 1;
             return;
         };
-        if let Err(e) = inbox.queue.push(e) {
-            if self.overflow.len() < 1 << 20 {
-                self.overflow.push_back((service, e));
-            } else {
-                self.overflow_drops += 1;
+        match inbox.queue.push(e) {
+            Ok(()) => inbox.notify(),
+            Err(e) => {
+                if self.overflow.len() < 1 << 20 {
+                    self.overflow.push_back((service, e));
+                } else {
+                    self.overflow_drops += 1;
+                }
             }
         }
     }

@@ -250,9 +250,10 @@ impl AsRawFd for XskSocket {
 }
 
 /// bind(), retrying EBUSY for a while: a queue whose previous socket just closed stays busy
-/// for a moment.
+/// for a moment (seen here: more than 3 s once, when the previous owner was a process that
+/// had just exited).
 fn bind_retry(fd: &OwnedFd, addr: &SockaddrXdp) -> io::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match sys::bind(fd, addr) {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {

@@ -1,0 +1,148 @@
+/* torusnet.h: the C interface of torusnet's application library (libtorusnet_client).
+ *
+ * An application attaches to the torusd of its server under a service name, then sends
+ * and receives messages through a shared-memory channel: no system call per message
+ * unless one side sleeps. Link with -ltorusnet_client (target/release of the workspace).
+ *
+ *   torus_client *c = torus_attach("/run/torusnet/n0-apps.sock", "echo");
+ *   torus_event ev; char buf[65536];
+ *   while (torus_recv(c, &ev, buf, sizeof buf, -1) == 1)
+ *       if (ev.kind == TORUS_EV_MESSAGE) {
+ *           torus_dest d = { .kind = TORUS_DEST_SERVICE, .addr = ev.from };
+ *           torus_send(c, &d, buf, ev.len, TORUS_RELIABLE, NULL);
+ *       }
+ *
+ * Every function returns 0 (or a count) on success and a negative TORUS_E* code on
+ * failure; torus_last_error() then describes it (per thread). A client may be used from
+ * several threads.
+ */
+#ifndef TORUSNET_H
+#define TORUSNET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Errors. */
+#define TORUS_EAGAIN     (-1) /* the channel is full: receive, then try again */
+#define TORUS_ETIMEDOUT  (-2) /* nothing in time */
+#define TORUS_EREFUSED   (-3) /* torusd refused: see torus_last_error() */
+#define TORUS_ETOOBIG    (-4) /* the buffer is too small: ev->len (or *resp_len) says how big */
+#define TORUS_ENOTFOUND  (-5) /* no server hosts the name */
+#define TORUS_ECLOSED    (-6) /* torusd closed the channel */
+#define TORUS_EINVAL     (-7) /* a bad argument */
+#define TORUS_EIO        (-8) /* an I/O error */
+
+/* A service on a server. */
+typedef struct {
+    uint16_t x, y, z;  /* the server */
+    uint16_t service;  /* the service id there */
+} torus_addr;
+
+/* Where a message goes. */
+#define TORUS_DEST_SERVICE 0 /* addr */
+#define TORUS_DEST_KEY     1 /* the root of a routing key, service key_service there */
+#define TORUS_DEST_NAME    2 /* a service by name, resolved across the torus */
+typedef struct {
+    int kind;
+    torus_addr addr;
+    uint64_t key;
+    uint16_t key_service;
+    const char *name;
+} torus_dest;
+
+/* Send flags. */
+#define TORUS_RELIABLE  1u /* exactly once, any size, reported; else short and best effort */
+#define TORUS_BWD_FENCE 2u /* after every earlier message to that server */
+#define TORUS_FWD_FENCE 4u /* before every later one */
+
+/* Events. */
+#define TORUS_EV_MESSAGE        1  /* from, reliable, keyed/key, len bytes in the buffer */
+#define TORUS_EV_REQUEST        2  /* a request: answer with torus_respond(from, tag) */
+#define TORUS_EV_ACKED          3  /* count messages to from.x/y/z acknowledged, last tag */
+#define TORUS_EV_FAILED         4  /* message tag to from.x/y/z failed: reason */
+#define TORUS_EV_PEER_RESET     5  /* server from.x/y/z restarted (reason 1) or reset (2) */
+#define TORUS_EV_UNREACHABLE    6  /* server from.x/y/z became unreachable */
+#define TORUS_EV_REACHABLE      7  /* ... reachable again */
+#define TORUS_EV_BUFFER_FILLED  8  /* return buffer tag holds len bytes from `from` */
+#define TORUS_EV_BUFFER_MISSED  9  /* message tag found no return buffer at from.x/y/z */
+#define TORUS_EV_OVERFLOW       10 /* count incoming messages dropped (not read in time) */
+
+/* Failure reasons. */
+#define TORUS_PEER_RESTARTED 1
+#define TORUS_PEER_RESET     2
+#define TORUS_SILENT         3
+#define TORUS_UNREACHABLE    4
+#define TORUS_REFUSED        5
+
+typedef struct {
+    int kind;
+    torus_addr from;
+    uint64_t tag;
+    uint64_t count;
+    uint64_t key;
+    int keyed;
+    int reliable;
+    int reason;
+    size_t len;
+} torus_event;
+
+/* A posted return buffer's descriptor (send it to the peer that should fill it). */
+typedef struct {
+    torus_addr owner;
+    uint32_t id;
+    uint32_t len;
+    uint64_t cookie;
+} torus_buffer;
+
+typedef struct torus_client torus_client;
+
+/* The last error's message on this thread (never NULL). */
+const char *torus_last_error(void);
+
+/* Attaches to torusd's application socket as service `name`; NULL on error. */
+torus_client *torus_attach(const char *socket, const char *name);
+/* Detaches (the service is unregistered) and frees the client. */
+void torus_detach(torus_client *c);
+/* This application's address: its server and service id. */
+torus_addr torus_address(const torus_client *c);
+
+/* Sends len bytes to d; the message's tag goes to *tag if not NULL. */
+int torus_send(torus_client *c, const torus_dest *d, const void *data, size_t len,
+               unsigned flags, uint64_t *tag);
+/* Receives the next event: 1 (filled; a message's bytes in buf), 0 (nothing within
+ * timeout_ms; 0 = do not wait, negative = no limit) or an error. TORUS_ETOOBIG keeps the
+ * event: call again with ev->len bytes. */
+int torus_recv(torus_client *c, torus_event *ev, void *buf, size_t cap, int timeout_ms);
+
+/* The servers hosting service `name`: up to max addresses, returns how many. */
+int torus_resolve(torus_client *c, const char *name, torus_addr *out, size_t max,
+                  int timeout_ms);
+
+/* Request/response: sends req, waits for the reply (copied into resp, length in
+ * *resp_len). */
+int torus_call(torus_client *c, const torus_dest *d, const void *req, size_t len,
+               void *resp, size_t cap, size_t *resp_len, int timeout_ms);
+/* Answers a TORUS_EV_REQUEST (its from and tag). */
+int torus_respond(torus_client *c, torus_addr to, uint64_t call, const void *data,
+                  size_t len);
+
+/* Asks for (or stops) TORUS_EV_ACKED reports. */
+int torus_notify_acks(torus_client *c, int on);
+
+/* Posts a return buffer of len bytes in this application's memory. */
+int torus_post_buffer(torus_client *c, uint32_t len, torus_buffer *out);
+/* Sends into another application's posted buffer (its descriptor came in a message). */
+int torus_send_to_buffer(torus_client *c, const torus_buffer *b, const void *data,
+                         size_t len, unsigned flags, uint64_t *tag);
+/* Copies a filled buffer (len from its TORUS_EV_BUFFER_FILLED) out and frees it; returns
+ * the bytes copied. */
+int torus_read_buffer(torus_client *c, uint32_t id, void *out, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,270 @@
+"""torusnet for Python: attach to the torusd of this server from your own process and
+exchange messages across the torus (ctypes over libtorusnet_client, the C ABI).
+
+    import torusnet
+    c = torusnet.Client("/run/torusnet/n0-apps.sock", "echo")
+    while True:
+        ev = c.recv()                      # blocks; recv(0) does not wait, recv(0.5) waits 0.5 s
+        if ev.kind == torusnet.MESSAGE:
+            c.send(ev.frm, ev.data, reliable=ev.reliable)
+
+The library is found through $TORUSNET_LIB, next to this package in a source checkout
+(target/release), or on the system's library path.
+"""
+
+import ctypes
+import ctypes.util
+import os
+from collections import namedtuple
+
+__all__ = [
+    "Client", "Address", "Key", "Name", "Buffer", "Event", "TorusError",
+    "MESSAGE", "REQUEST", "ACKED", "FAILED", "PEER_RESET", "UNREACHABLE", "REACHABLE",
+    "BUFFER_FILLED", "BUFFER_MISSED", "OVERFLOW",
+]
+
+MESSAGE, REQUEST, ACKED, FAILED, PEER_RESET, UNREACHABLE, REACHABLE, BUFFER_FILLED, \
+    BUFFER_MISSED, OVERFLOW = range(1, 11)
+
+EAGAIN, ETIMEDOUT, EREFUSED, ETOOBIG, ENOTFOUND, ECLOSED, EINVAL, EIO = range(-1, -9, -1)
+
+_RELIABLE, _BWD, _FWD = 1, 2, 4
+
+Address = namedtuple("Address", "x y z service")
+"""A service on a server."""
+Key = namedtuple("Key", "key service")
+"""The root of a routing key, service `service` there."""
+Name = namedtuple("Name", "name")
+"""A service by name, resolved across the torus."""
+Buffer = namedtuple("Buffer", "owner id len cookie")
+"""A posted return buffer's descriptor (send it to the peer that should fill it)."""
+Event = namedtuple("Event", "kind frm tag count key reliable reason data length")
+"""An event: kind (MESSAGE ...), frm (Address), tag, count, key, reliable, reason, data
+(bytes of a message or request), length."""
+
+
+class TorusError(Exception):
+    """A torusnet call failed: `code` is the TORUS_E* value, the message says why."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class WouldBlock(TorusError):
+    """The channel is full: receive, then try again."""
+
+
+class _Addr(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint16), ("y", ctypes.c_uint16), ("z", ctypes.c_uint16),
+                ("service", ctypes.c_uint16)]
+
+
+class _Dest(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("addr", _Addr), ("key", ctypes.c_uint64),
+                ("key_service", ctypes.c_uint16), ("name", ctypes.c_char_p)]
+
+
+class _Event(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("frm", _Addr), ("tag", ctypes.c_uint64),
+                ("count", ctypes.c_uint64), ("key", ctypes.c_uint64), ("keyed", ctypes.c_int),
+                ("reliable", ctypes.c_int), ("reason", ctypes.c_int), ("len", ctypes.c_size_t)]
+
+
+class _Buffer(ctypes.Structure):
+    _fields_ = [("owner", _Addr), ("id", ctypes.c_uint32), ("len", ctypes.c_uint32),
+                ("cookie", ctypes.c_uint64)]
+
+
+def _find_library():
+    env = os.environ.get("TORUSNET_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for up in ("../../../target/release", "../../target/release"):
+        p = os.path.normpath(os.path.join(here, up, "libtorusnet_client.so"))
+        if os.path.exists(p):
+            return p
+    found = ctypes.util.find_library("torusnet_client")
+    if found:
+        return found
+    raise OSError("libtorusnet_client.so not found: build the workspace (cargo build --release) "
+                  "or set TORUSNET_LIB")
+
+
+_lib = ctypes.CDLL(_find_library())
+_P = ctypes.c_void_p
+_lib.torus_last_error.restype = ctypes.c_char_p
+_lib.torus_attach.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+_lib.torus_attach.restype = _P
+_lib.torus_detach.argtypes = [_P]
+_lib.torus_address.argtypes = [_P]
+_lib.torus_address.restype = _Addr
+_lib.torus_send.argtypes = [_P, ctypes.POINTER(_Dest), ctypes.c_char_p, ctypes.c_size_t,
+                            ctypes.c_uint, ctypes.POINTER(ctypes.c_uint64)]
+_lib.torus_recv.argtypes = [_P, ctypes.POINTER(_Event), ctypes.c_void_p, ctypes.c_size_t,
+                            ctypes.c_int]
+_lib.torus_resolve.argtypes = [_P, ctypes.c_char_p, ctypes.POINTER(_Addr), ctypes.c_size_t,
+                               ctypes.c_int]
+_lib.torus_call.argtypes = [_P, ctypes.POINTER(_Dest), ctypes.c_char_p, ctypes.c_size_t,
+                            ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
+                            ctypes.c_int]
+_lib.torus_respond.argtypes = [_P, _Addr, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
+_lib.torus_notify_acks.argtypes = [_P, ctypes.c_int]
+_lib.torus_post_buffer.argtypes = [_P, ctypes.c_uint32, ctypes.POINTER(_Buffer)]
+_lib.torus_send_to_buffer.argtypes = [_P, ctypes.POINTER(_Buffer), ctypes.c_char_p,
+                                      ctypes.c_size_t, ctypes.c_uint,
+                                      ctypes.POINTER(ctypes.c_uint64)]
+_lib.torus_read_buffer.argtypes = [_P, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+
+
+def _check(r):
+    if r < 0:
+        msg = _lib.torus_last_error().decode(errors="replace")
+        if r == EAGAIN:
+            raise WouldBlock(r, msg)
+        raise TorusError(r, msg)
+    return r
+
+
+def _addr(a):
+    return Address(a.x, a.y, a.z, a.service)
+
+
+def _ms(timeout):
+    if timeout is None:
+        return -1
+    return max(0, int(timeout * 1000)) if timeout > 0 else 0
+
+
+class Client:
+    """An application attached to torusd under a service name (a context manager)."""
+
+    def __init__(self, socket, name):
+        self._c = _lib.torus_attach(socket.encode(), name.encode())
+        if not self._c:
+            raise TorusError(EREFUSED, _lib.torus_last_error().decode(errors="replace"))
+        self._buf = ctypes.create_string_buffer(1 << 16)
+        self.name = name
+
+    def close(self):
+        """Detaches (the service is unregistered)."""
+        if self._c:
+            _lib.torus_detach(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    @property
+    def address(self):
+        """This application's Address (its server and service id)."""
+        return _addr(_lib.torus_address(self._c))
+
+    def _dest(self, to):
+        d = _Dest()
+        if isinstance(to, Name) or isinstance(to, str):
+            d.kind = 2
+            d.name = (to.name if isinstance(to, Name) else to).encode()
+        elif isinstance(to, Key):
+            d.kind = 1
+            d.key = to.key
+            d.key_service = to.service
+        else:
+            d.kind = 0
+            d.addr = _Addr(to[0], to[1], to[2], to[3])
+        return d
+
+    def send(self, to, data, reliable=True, backward_fence=False, forward_fence=False):
+        """Sends `data` (bytes) to an Address, a Key or a Name (or a name as str); returns
+        its tag. Raises WouldBlock when the channel is full."""
+        flags = (_RELIABLE if reliable else 0) | (_BWD if backward_fence else 0) | \
+            (_FWD if forward_fence else 0)
+        tag = ctypes.c_uint64()
+        d = self._dest(to)
+        _check(_lib.torus_send(self._c, ctypes.byref(d), bytes(data), len(data), flags,
+                               ctypes.byref(tag)))
+        return tag.value
+
+    def recv(self, timeout=None):
+        """The next Event, or None when nothing came within `timeout` seconds (None: wait
+        for ever, 0: do not wait)."""
+        ev = _Event()
+        while True:
+            r = _lib.torus_recv(self._c, ctypes.byref(ev), self._buf, len(self._buf),
+                                _ms(timeout))
+            if r == ETOOBIG:
+                self._buf = ctypes.create_string_buffer(max(ev.len, 2 * len(self._buf)))
+                continue
+            _check(r)
+            if r == 0:
+                return None
+            data = self._buf.raw[:ev.len] if ev.kind in (MESSAGE, REQUEST) else b""
+            return Event(ev.kind, _addr(ev.frm), ev.tag, ev.count,
+                         ev.key if ev.keyed else None, bool(ev.reliable), ev.reason, data,
+                         ev.len)
+
+    def resolve(self, name, timeout=2.0):
+        """The Addresses of the servers hosting service `name`."""
+        out = (_Addr * 64)()
+        n = _check(_lib.torus_resolve(self._c, name.encode(), out, 64, _ms(timeout) or 1))
+        return [_addr(out[i]) for i in range(n)]
+
+    def call(self, to, request, timeout=2.0):
+        """Sends a request and returns its reply (bytes)."""
+        d = self._dest(to)
+        cap = 1 << 16
+        while True:
+            resp = ctypes.create_string_buffer(cap)
+            n = ctypes.c_size_t()
+            r = _lib.torus_call(self._c, ctypes.byref(d), bytes(request), len(request), resp,
+                                cap, ctypes.byref(n), _ms(timeout) or 1)
+            if r == ETOOBIG:
+                cap = n.value
+                continue
+            _check(r)
+            return resp.raw[:n.value]
+
+    def respond(self, to, call, data):
+        """Answers a REQUEST event (its `frm` and `tag`)."""
+        a = _Addr(to[0], to[1], to[2], to[3])
+        _check(_lib.torus_respond(self._c, a, call, bytes(data), len(data)))
+
+    def serve(self, handler, timeout=None):
+        """Answers requests with handler(frm, data) -> bytes until another event comes
+        (returned) or `timeout` passes with nothing (None returned)."""
+        while True:
+            ev = self.recv(timeout)
+            if ev is None or ev.kind != REQUEST:
+                return ev
+            self.respond(ev.frm, ev.tag, handler(ev.frm, ev.data))
+
+    def notify_acks(self, on=True):
+        """Asks for ACKED events for this application's reliable messages."""
+        _check(_lib.torus_notify_acks(self._c, 1 if on else 0))
+
+    def post_buffer(self, length):
+        """Posts a return buffer of `length` bytes; returns its Buffer descriptor."""
+        b = _Buffer()
+        _check(_lib.torus_post_buffer(self._c, length, ctypes.byref(b)))
+        return Buffer(_addr(b.owner), b.id, b.len, b.cookie)
+
+    def send_to_buffer(self, buf, data, reliable=True):
+        """Sends `data` into another application's posted Buffer."""
+        b = _Buffer(_Addr(*buf.owner), buf.id, buf.len, buf.cookie)
+        tag = ctypes.c_uint64()
+        _check(_lib.torus_send_to_buffer(self._c, ctypes.byref(b), bytes(data), len(data),
+                                         _RELIABLE if reliable else 0, ctypes.byref(tag)))
+        return tag.value
+
+    def read_buffer(self, buffer_id, length):
+        """The bytes of a filled return buffer (from its BUFFER_FILLED event); frees it."""
+        out = ctypes.create_string_buffer(max(length, 1))
+        n = _check(_lib.torus_read_buffer(self._c, buffer_id, out, length))
+        return out.raw[:n]
