@@ -9,6 +9,7 @@ bash scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 echo "== building (release)"
 cargo build --release --workspace --quiet
+cargo build --release -p torusnet-client --examples --quiet
 PREFIX=${PREFIX:-tn}
 cleanup() { bash scripts/netns-torus.sh down --prefix "$PREFIX" >/dev/null 2>&1 || true; }
 trap cleanup EXIT

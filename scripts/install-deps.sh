@@ -5,6 +5,9 @@ set -euo pipefail
 
 PACKAGES=(
   clang llvm          # compiles the XDP program (ebpf/) to BPF bytecode
+  gcc libc6-dev       # compiles the C example the application tests run
+  python3 python3-pip # the Python binding and its tests
+  util-linux          # setpriv: the tests attach as an unprivileged user
   libelf-dev m4 zlib1g-dev pkg-config   # libxdp/libbpf, built from source by xsk-rs
   iproute2 ethtool    # namespaces, veth pairs, link settings in scripts and tests
 )
@@ -25,6 +28,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# pytest for the Python binding's tests (from PyPI when the distribution has none).
+if ! python3 -c 'import pytest' 2>/dev/null; then
+  echo "install-deps: installing pytest"
+  python3 -m pip install --quiet --disable-pip-version-check pytest 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages pytest
 fi
 
 export PATH="$HOME/.cargo/bin:$PATH"

@@ -10,3 +10,5 @@ cargo build --workspace --release --all-targets
 cargo test --workspace --release --exclude torusnet-e2e
 # One namespace torus at a time: dozens of daemons share this machine's cores.
 cargo test --release -p torusnet-e2e -- --test-threads 1
+# The Python binding against real daemons (the C and Python examples also run in apps_e2e).
+python3 -m pytest -q client/python/tests

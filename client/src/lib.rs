@@ -332,6 +332,8 @@ pub struct Client {
     service: u16,
     name: String,
     local: Coord,
+    /// The torus's size: a destination outside it is refused at once.
+    dims: Coord,
     tx: Mutex<Tx>,
     rx: Mutex<Rx>,
     pool: Mutex<Pool>,
@@ -421,6 +423,13 @@ impl Client {
             .and_then(|s| u16::try_from(s).ok())
             .ok_or_else(|| Error::Refused("no service id in the answer".into()))?;
         let local = coord_of(&v["coord"]).ok_or_else(|| Error::Refused("no coordinate".into()))?;
+        let dims = v["dims"]
+            .as_str()
+            .and_then(|d| {
+                let mut it = d.split('x').map(|n| n.parse::<u16>().ok());
+                Some((it.next()??, it.next()??, it.next().unwrap_or(Some(1))?))
+            })
+            .ok_or_else(|| Error::Refused("no torus size in the answer".into()))?;
         Ok(Client {
             sock: Mutex::new(sock),
             region,
@@ -430,6 +439,7 @@ impl Client {
             service,
             name: name.to_string(),
             local,
+            dims,
             tx: Mutex::new(Tx {
                 sq_tail: 0,
                 txd_tail: 0,
@@ -530,6 +540,15 @@ impl Client {
     }
 
     fn target(&self, to: &Dest) -> Result<(u8, u64, u16), Error> {
+        if let Dest::Service(a) = to {
+            let (x, y, z) = a.server;
+            if x >= self.dims.0 || y >= self.dims.1 || z >= self.dims.2 {
+                return Err(Error::Refused(format!(
+                    "server {:?} is outside the {}x{}x{} torus",
+                    a.server, self.dims.0, self.dims.1, self.dims.2
+                )));
+            }
+        }
         Ok(match to {
             Dest::Service(a) => (
                 dest::SERVER,

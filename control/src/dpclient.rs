@@ -131,6 +131,24 @@ pub fn render_status(v: &Value) -> String {
         u(t, &["failed_messages"]),
         u(t, &["stale_frames"]),
     );
+    let apps = v["apps"].as_array().cloned().unwrap_or_default();
+    if !apps.is_empty() {
+        out += "application      service  pid      sent      received  acked     failed  dropped  bad\n";
+        for a in &apps {
+            out += &format!(
+                "{:<16} {:<8} {:<8} {:<9} {:<9} {:<9} {:<7} {:<8} {}\n",
+                a["name"].as_str().unwrap_or("?"),
+                u(a, &["service"]),
+                u(a, &["pid"]),
+                u(a, &["sent"]),
+                u(a, &["received"]),
+                u(a, &["acked"]),
+                u(a, &["failed"]),
+                u(a, &["dropped"]),
+                u(a, &["bad"]),
+            );
+        }
+    }
     let unreachable = e["unreachable"].as_array().map(Vec::len).unwrap_or(0);
     out += &format!(
         "routing: view version {}, {} forwarded, {} key-routed delivered here, {} servers unreachable\n",
