@@ -396,6 +396,65 @@ fn applications_in_three_languages_across_the_torus() {
     }
     drop(many);
 
+    // An application that stops reading: a flood for it is dropped beyond its bounds and
+    // reported to it; torusd and the others keep serving.
+    {
+        let stuck = Client::attach(&s_here, "stuck").expect("attach stuck");
+        let flooder = Client::attach(&s_there, "flooder").expect("attach flooder");
+        let to = stuck.address();
+        let chunk = vec![7u8; 8000];
+        let mut sent = 0;
+        let until = Instant::now() + Duration::from_secs(60);
+        while sent < 12_000 && Instant::now() < until {
+            match flooder.send(Dest::Service(to), &chunk, SendOptions::reliable()) {
+                Ok(_) => sent += 1,
+                Err(torusnet_client::Error::WouldBlock) => {
+                    let _ = flooder.recv(Wait::Timeout(Duration::from_millis(1)));
+                }
+                Err(e) => panic!("flood: {e}"),
+            }
+        }
+        let start = Instant::now();
+        let dropped = loop {
+            let d = apps_at(&t, here)
+                .iter()
+                .find(|a| a["name"] == json!("stuck"))
+                .and_then(|a| a["dropped"].as_u64())
+                .unwrap_or(0);
+            if d > 0 || start.elapsed() > Duration::from_secs(20) {
+                break d;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(
+            dropped > 0,
+            "a reader that stops loses what exceeds its bounds"
+        );
+        let v = run_client(
+            &t,
+            here,
+            &[&rust_example("echo_client"), &s_here_str, "echo-c", "20"],
+        );
+        assert_eq!(
+            v["reliable_ok"],
+            json!(20),
+            "others serve while one does not read: {v}"
+        );
+        // When it reads again, it learns how much it lost.
+        let mut overflow = 0;
+        let until = Instant::now() + Duration::from_secs(10);
+        while overflow == 0 && Instant::now() < until {
+            if let Some(Event::Overflow { dropped }) = stuck
+                .recv(Wait::Timeout(Duration::from_millis(100)))
+                .unwrap()
+            {
+                overflow = dropped;
+            }
+        }
+        assert!(overflow > 0, "the stuck application is told what it lost");
+        eprintln!("a stopped reader: {sent} messages of 8000 B sent to it, {dropped} dropped and reported");
+    }
+
     // A killed application re-attaches under its name at once.
     let rs = apps_at(&t, there)
         .iter()
