@@ -251,13 +251,8 @@ fn ask(d: &Daemon, shard: usize, service: u16, request: Request) -> Result<(), S
     })
 }
 
-fn pollers(d: &Daemon) -> Result<usize, String> {
-    with_dp(d, |dp| Ok(dp.shared().shards.len()))
-}
-
-fn shard_of(d: &Daemon, c: Coord) -> Result<usize, String> {
-    with_dp(d, |dp| Ok(dp.shared().shard_of(c)))
-}
+/// Hosted services live with the first poller.
+const SERVICES: usize = 0;
 
 fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     let cmd = req.get("cmd").and_then(Value::as_str).unwrap_or("");
@@ -301,7 +296,7 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                 timeout: limit,
                 reply: tx,
             };
-            ask(d, shard_of(d, to)?, PING, Box::new(p))?;
+            ask(d, SERVICES, PING, Box::new(p))?;
             Ok(wait(rx, limit + SLACK))
         }
         "bench" => {
@@ -329,7 +324,7 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                 timeout: limit,
                 reply: tx,
             };
-            ask(d, shard_of(d, to)?, BENCH, Box::new(b))?;
+            ask(d, SERVICES, BENCH, Box::new(b))?;
             Ok(wait(rx, limit + SLACK))
         }
         "fault" => {
@@ -361,28 +356,14 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                 })
                 .collect::<Result<Vec<u64>, _>>()?;
             let (tx, rx) = mpsc::channel();
-            ask(d, 0, KEYS, Box::new(KeysRequest::Send(keys, tx)))?;
+            ask(d, SERVICES, KEYS, Box::new(KeysRequest::Send(keys, tx)))?;
             Ok(wait(rx, Duration::from_secs(10)))
         }
         "keys_seen" => {
             let reset = req.get("reset").and_then(Value::as_bool).unwrap_or(false);
-            // Probes land on whichever poller received them: ask every one and add up.
-            let mut total = serde_json::Map::new();
-            for shard in 0..pollers(d)? {
-                let (tx, rx) = mpsc::channel();
-                ask(d, shard, KEYS, Box::new(KeysRequest::Seen(reset, tx)))?;
-                match wait(rx, Duration::from_secs(10)) {
-                    Value::Object(m) if !m.contains_key("error") => {
-                        for (k, v) in m {
-                            let n = total.get(&k).and_then(Value::as_u64).unwrap_or(0)
-                                + v.as_u64().unwrap_or(0);
-                            total.insert(k, json!(n));
-                        }
-                    }
-                    other => return Ok(other),
-                }
-            }
-            Ok(Value::Object(total))
+            let (tx, rx) = mpsc::channel();
+            ask(d, SERVICES, KEYS, Box::new(KeysRequest::Seen(reset, tx)))?;
+            Ok(wait(rx, Duration::from_secs(10)))
         }
         "load" => load(req, d),
         "view" => apply_view(req, d),
@@ -397,18 +378,16 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
 }
 
 /// The built-in load generator: `{"cmd":"load","action":"start","peers":"all"|[...],"rate":N,
-/// "min":B,"max":B,"dwell_ms":N,"seed":N,"journal":PATH}`, `"stop"`, `"report"`. Each poller
-/// runs its own, over the peers whose connections it owns; reports are added up.
+/// "min":B,"max":B,"dwell_ms":N,"seed":N,"journal":PATH}`, `"stop"`, `"report"`.
 fn load(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     let action = req
         .get("action")
         .and_then(Value::as_str)
         .unwrap_or("report");
-    let n = pollers(d)?;
     let (me, dims) = with_dp(d, |dp| Ok((dp.shared().coord, dp.shared().dims)))?;
     let limit = Duration::from_secs(10);
-    let mut answers = Vec::new();
-    match action {
+    let (tx, rx) = mpsc::channel();
+    let r = match action {
         "start" => {
             let peers: Vec<Coord> = match req.get("peers") {
                 None => dims.coords().filter(|c| *c != me).collect(),
@@ -445,14 +424,8 @@ fn load(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             }
             let dwell = Duration::from_millis(num("dwell_ms", 500, 1, 3_600_000)?);
             let seed = num("seed", 1, 0, u64::MAX)?;
-            let journal = req.get("journal").and_then(Value::as_str);
-            for shard in 0..n {
-                let mine: Vec<Coord> = peers
-                    .iter()
-                    .copied()
-                    .filter(|p| shard_of(d, *p).is_ok_and(|s| s == shard))
-                    .collect();
-                let journal: Option<Box<dyn std::io::Write + Send>> = match journal {
+            let journal: Option<Box<dyn std::io::Write + Send>> =
+                match req.get("journal").and_then(Value::as_str) {
                     Some(path) => Some(Box::new(
                         std::fs::OpenOptions::new()
                             .create(true)
@@ -462,74 +435,26 @@ fn load(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                     )),
                     None => None,
                 };
-                let (tx, rx) = mpsc::channel();
-                let r = LoadRequest::Start {
-                    peers: mine,
-                    rate: (rate / n as u32).max(1),
-                    sizes: (min, max),
-                    dwell,
-                    seed: seed ^ shard as u64,
-                    journal,
-                    reply: tx,
-                };
-                ask(d, shard, LOAD, Box::new(r))?;
-                answers.push(wait(rx, limit));
+            LoadRequest::Start {
+                peers,
+                rate,
+                sizes: (min, max),
+                dwell,
+                seed,
+                journal,
+                reply: tx,
             }
         }
-        "stop" | "report" => {
-            for shard in 0..n {
-                let (tx, rx) = mpsc::channel();
-                let r = if action == "stop" {
-                    LoadRequest::Stop(tx)
-                } else {
-                    LoadRequest::Report(tx)
-                };
-                ask(d, shard, LOAD, Box::new(r))?;
-                answers.push(wait(rx, limit));
-            }
-        }
+        "stop" => LoadRequest::Stop(tx),
+        "report" => LoadRequest::Report(tx),
         other => {
             return Err(format!(
                 "load: unknown action {other:?} (start, stop, report)"
             ))
         }
-    }
-    if let Some(e) = answers.iter().find_map(|a| a.get("error")) {
-        return Ok(json!({"error": e}));
-    }
-    Ok(add_up(answers))
-}
-
-/// Adds up the pollers' answers field by field (numbers added, the rest from the first).
-fn add_up(answers: Vec<Value>) -> Value {
-    let mut it = answers.into_iter();
-    let Some(mut total) = it.next() else {
-        return json!({});
     };
-    for a in it {
-        merge_sum(&mut total, &a);
-    }
-    total
-}
-
-fn merge_sum(total: &mut Value, a: &Value) {
-    match (total, a) {
-        (Value::Object(t), Value::Object(o)) => {
-            for (k, v) in o {
-                match t.get_mut(k) {
-                    Some(tv) => merge_sum(tv, v),
-                    None => {
-                        t.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        (t @ Value::Number(_), Value::Number(n)) => {
-            let sum = t.as_u64().unwrap_or(0) + n.as_u64().unwrap_or(0);
-            *t = json!(sum);
-        }
-        _ => {}
-    }
+    ask(d, SERVICES, LOAD, Box::new(r))?;
+    Ok(wait(rx, limit))
 }
 
 /// A view published by the control process: the first one starts a dataplane that waited

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use torusnet_proto::node::{Event, Node, RxAction, Target};
-use torusnet_proto::service::Service;
+use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Dir, DirSet};
 use torusnet_proto::transport::{FailReason, SendError};
@@ -67,6 +67,76 @@ impl Port {
             unkicked: 0,
             parts: Vec::new(),
         }
+    }
+}
+
+/// The engine as a hosted service sees it: sends to peers whose connections another poller
+/// owns become commands for that poller (hosted services live with the first poller; every
+/// connection must stay with its owner).
+struct Routed<'a> {
+    node: &'a mut Node,
+    shared: &'a Shared,
+    shard: usize,
+}
+
+impl<'a> Routed<'a> {
+    fn new(node: &'a mut Node, shared: &'a Shared, shard: usize) -> Routed<'a> {
+        Routed {
+            node,
+            shared,
+            shard,
+        }
+    }
+}
+
+impl Engine for Routed<'_> {
+    fn local(&self) -> torusnet_proto::topology::Coord {
+        self.node.local()
+    }
+    fn dims(&self) -> torusnet_proto::topology::Dims {
+        self.node.dims()
+    }
+    fn incarnation(&self) -> u64 {
+        Engine::incarnation(&*self.node)
+    }
+    fn is_reachable(&self, c: torusnet_proto::topology::Coord) -> bool {
+        self.node.routes().is_reachable(c)
+    }
+    fn key_root(&self, key: u64) -> Option<torusnet_proto::topology::Coord> {
+        self.node.key_root(key)
+    }
+    fn send(
+        &mut self,
+        now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: torusnet_proto::node::MsgOptions,
+    ) -> Result<(), SendError> {
+        let owner = match target {
+            Target::Server(c) => self.shared.shard_of(c),
+            Target::Key(k) if opts.reliable => self
+                .node
+                .key_root(k)
+                .map_or(self.shard, |r| self.shared.shard_of(r)),
+            Target::Key(_) => self.shard,
+        };
+        if owner == self.shard {
+            return self.node.send(now, target, service, data, opts);
+        }
+        let c = Command::Send {
+            target,
+            service,
+            data: data.to_vec(),
+            opts,
+        };
+        self.shared
+            .push_to(owner, c)
+            .map_err(|_| SendError::WouldBlock)
+    }
+    fn notify_acks(&mut self, service: u16, on: bool) {
+        // Reports come from every poller's engine.
+        let _ = self.shared.push(Command::NotifyAcks(service, on));
     }
 }
 
@@ -360,7 +430,8 @@ impl Poller {
                     if let Some(&i) = self.service_of.get(&service) {
                         // A request the service does not understand is dropped; its sender's
                         // wait has a deadline.
-                        let _ = self.services[i].on_request(now, request, &mut self.node);
+                        let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
+                        let _ = self.services[i].on_request(now, request, &mut engine);
                     }
                     n += 1;
                 }
@@ -370,6 +441,10 @@ impl Poller {
                 }
                 Command::Deliver(service, e) => {
                     self.dispatch(service, e);
+                    n += 1;
+                }
+                Command::Broadcast(e) => {
+                    self.broadcast(e);
                     n += 1;
                 }
                 Command::SetView(view, macs, ack) => {
@@ -816,6 +891,16 @@ impl Poller {
                 }
                 // Every poller's engine sees the view change; the first tells everyone.
                 Event::Unreachable(_) | Event::Reachable(_) if self.shard != 0 => {}
+                // Services live with the first poller: a reset another one saw goes there.
+                Event::PeerReset { .. } if self.shard != 0 => {
+                    if self.shared.shards[0]
+                        .commands
+                        .push(Command::Broadcast(e))
+                        .is_ok()
+                    {
+                        self.shared.shards[0].wake();
+                    }
+                }
                 Event::Unreachable(_) | Event::Reachable(_) | Event::PeerReset { .. } => {
                     self.broadcast(e);
                 }
@@ -833,7 +918,8 @@ impl Poller {
             .or_else(|| self.services.iter().position(|s| s.owns(id)));
         if let Some(i) = owner {
             let now = self.now();
-            self.services[i].on_event(now, &e, &mut self.node);
+            let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
+            self.services[i].on_event(now, &e, &mut engine);
             return;
         }
         if self.inboxes.contains_key(&id) || self.shard == 0 {
@@ -853,7 +939,8 @@ impl Poller {
     fn broadcast(&mut self, e: Event) {
         let now = self.now();
         for svc in &mut self.services {
-            svc.on_event(now, &e, &mut self.node);
+            let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
+            svc.on_event(now, &e, &mut engine);
         }
         let ids: Vec<u16> = self.inboxes.keys().copied().collect();
         for s in ids {
@@ -866,7 +953,8 @@ impl Poller {
         let now = self.now();
         let mut n = 0;
         for svc in &mut self.services {
-            n += svc.poll(now, &mut self.node);
+            let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
+            n += svc.poll(now, &mut engine);
         }
         n
     }

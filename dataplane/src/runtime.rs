@@ -65,6 +65,8 @@ pub enum Command {
     NotifyAcks(u16, bool),
     /// An event for service `u16`, from a poller that does not host it.
     Deliver(u16, Event),
+    /// An event every service hears of, from a poller that hosts none.
+    Broadcast(Event),
 }
 
 impl std::fmt::Debug for Command {
@@ -81,6 +83,7 @@ impl std::fmt::Debug for Command {
             Command::Request { service, .. } => write!(f, "Request({service})"),
             Command::NotifyAcks(s, on) => write!(f, "NotifyAcks({s}, {on})"),
             Command::Deliver(s, _) => write!(f, "Deliver({s})"),
+            Command::Broadcast(_) => f.write_str("Broadcast"),
         }
     }
 }
@@ -802,9 +805,14 @@ impl Dataplane {
                 )),
                 None => None,
             };
-            let mut services = torusnet_services::builtin::all(journal);
-            if shard == 0 && cfg.apps.is_some() {
-                services.push(Box::new(crate::apps::host::AppsHost::new(shared.clone())));
+            // Services live with the first poller, one instance per server; the others hand
+            // it their events, and it hands them sends for the peers they own.
+            let mut services = Vec::new();
+            if shard == 0 {
+                services = torusnet_services::builtin::all(journal);
+                if cfg.apps.is_some() {
+                    services.push(Box::new(crate::apps::host::AppsHost::new(shared.clone())));
+                }
             }
             let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize)
                 .with_services(services);
@@ -831,7 +839,8 @@ impl Dataplane {
     }
 
     /// Registers service `id` (or returns the existing registration) with an inbox of
-    /// 65536 events.
+    /// 65536 events. Ids 1..=63 belong to torusd's own services (their events never reach
+    /// an inbox) and 1024 and up to attached applications: embedded services take 64..=1023.
     ///
     /// # Panics
     /// When no eventfd can be made (the process is out of file descriptors).

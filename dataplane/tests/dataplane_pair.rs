@@ -78,8 +78,8 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
             .unwrap();
         }
     }
-    let tx = a.service(5);
-    let rx = b.service(5);
+    let tx = a.service(100);
+    let rx = b.service(100);
     let opts = MsgOptions {
         reliable: true,
         ..MsgOptions::default()

@@ -10,8 +10,75 @@
 
 use std::any::Any;
 
-use crate::node::{Event, Node};
+use crate::keyspace;
+use crate::node::{Event, MsgOptions, Node, Target};
 use crate::time::Time;
+use crate::topology::{Coord, Dims};
+use crate::transport::SendError;
+
+/// What a service may ask of the engine that hosts it: where it is, who is reachable, and to
+/// send. The node implements it directly; a host with several engines (torusd's pollers,
+/// which own disjoint peers) hands services one that routes each send to its owner.
+pub trait Engine {
+    /// This server.
+    fn local(&self) -> Coord;
+    /// The torus.
+    fn dims(&self) -> Dims;
+    /// This start of the dataplane.
+    fn incarnation(&self) -> u64;
+    /// Whether `c` is reachable in the current view.
+    fn is_reachable(&self, c: Coord) -> bool;
+    /// The root of a routing key in the current view.
+    fn key_root(&self, key: u64) -> Option<Coord> {
+        keyspace::root(self.dims(), key, |c| self.is_reachable(c))
+    }
+    /// `GetServersForKey(key, r)` in the current view.
+    fn servers_for_key(&self, key: u64, r: usize) -> Vec<Coord> {
+        keyspace::get_servers_for_key(self.dims(), key, r, |c| self.is_reachable(c))
+    }
+    /// Sends a message to `service` at `target` (see [`Node::send`]).
+    fn send(
+        &mut self,
+        now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: MsgOptions,
+    ) -> Result<(), SendError>;
+    /// Whether `service` gets acknowledgement reports.
+    fn notify_acks(&mut self, service: u16, on: bool);
+}
+
+impl Engine for Node {
+    fn local(&self) -> Coord {
+        Node::local(self)
+    }
+    fn dims(&self) -> Dims {
+        Node::dims(self)
+    }
+    fn incarnation(&self) -> u64 {
+        self.transport().config().incarnation
+    }
+    fn is_reachable(&self, c: Coord) -> bool {
+        self.routes().is_reachable(c)
+    }
+    fn key_root(&self, key: u64) -> Option<Coord> {
+        Node::key_root(self, key)
+    }
+    fn send(
+        &mut self,
+        now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: MsgOptions,
+    ) -> Result<(), SendError> {
+        Node::send(self, now, target, service, data, opts)
+    }
+    fn notify_acks(&mut self, service: u16, on: bool) {
+        Node::notify_acks(self, service, on)
+    }
+}
 
 /// A request for a service from outside the engine (a management command), typed by the
 /// service that understands it.
@@ -27,13 +94,18 @@ pub trait Service: Send {
 
     /// An event for one of its ids, or a broadcast one (`Unreachable`, `Reachable`,
     /// `PeerReset`).
-    fn on_event(&mut self, now: Time, event: &Event, node: &mut Node);
+    fn on_event(&mut self, now: Time, event: &Event, node: &mut dyn Engine);
 
     /// A request from outside; handed back when the service does not understand it.
-    fn on_request(&mut self, now: Time, request: Request, node: &mut Node) -> Result<(), Request>;
+    fn on_request(
+        &mut self,
+        now: Time,
+        request: Request,
+        node: &mut dyn Engine,
+    ) -> Result<(), Request>;
 
     /// Sends what is due now; returns how much work it did (0: idle).
-    fn poll(&mut self, now: Time, node: &mut Node) -> usize;
+    fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize;
 
     /// The latest time `poll` must run again (a deadline, a pacing timer); `None`: only when
     /// an event comes.

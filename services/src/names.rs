@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use torusnet_proto::keyspace::Key;
-use torusnet_proto::node::{Event, MsgOptions, Node, Target};
-use torusnet_proto::service::{Request, Service};
+use torusnet_proto::node::{Event, MsgOptions, Target};
+use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 
@@ -118,7 +118,7 @@ impl Names {
         self.directory.len()
     }
 
-    fn send_named(&mut self, now: Time, node: &mut Node, op: u8, id: u16, name: &str) {
+    fn send_named(&mut self, now: Time, node: &mut dyn Engine, op: u8, id: u16, name: &str) {
         self.buf.clear();
         self.buf.push(op);
         self.buf.extend_from_slice(&id.to_le_bytes());
@@ -153,7 +153,7 @@ impl Names {
         }
     }
 
-    fn answer(&mut self, now: Time, node: &mut Node, to: Coord, query: u64, name: &str) {
+    fn answer(&mut self, now: Time, node: &mut dyn Engine, to: Coord, query: u64, name: &str) {
         let hosts: Vec<(Coord, u16)> = self
             .directory
             .get(name)
@@ -197,7 +197,7 @@ impl Names {
         let _ = p.reply.send(json!({ "locations": locations }));
     }
 
-    fn on_message(&mut self, now: Time, src: Coord, data: &[u8], node: &mut Node) {
+    fn on_message(&mut self, now: Time, src: Coord, data: &[u8], node: &mut dyn Engine) {
         let Some((&op, rest)) = data.split_first() else {
             return;
         };
@@ -240,7 +240,7 @@ impl Service for Names {
         &[NAMES]
     }
 
-    fn on_event(&mut self, now: Time, e: &Event, node: &mut Node) {
+    fn on_event(&mut self, now: Time, e: &Event, node: &mut dyn Engine) {
         match e {
             Event::Message {
                 src,
@@ -260,7 +260,12 @@ impl Service for Names {
         }
     }
 
-    fn on_request(&mut self, now: Time, request: Request, node: &mut Node) -> Result<(), Request> {
+    fn on_request(
+        &mut self,
+        now: Time,
+        request: Request,
+        node: &mut dyn Engine,
+    ) -> Result<(), Request> {
         match *request.downcast::<NamesRequest>()? {
             NamesRequest::Register { name, id } => {
                 if !self.mine.iter().any(|(n, i)| *n == name && *i == id) {
@@ -293,7 +298,8 @@ impl Service for Names {
                 self.buf.extend_from_slice(name.as_bytes());
                 let key = name_key(&name);
                 if node.key_root(key) == Some(node.local()) {
-                    self.answer(now, node, node.local(), q, &name);
+                    let me = node.local();
+                    self.answer(now, node, me, q, &name);
                 } else if let Err(e) = node.send(now, Target::Key(key), NAMES, &self.buf, rel()) {
                     if let Some(p) = self.pending.remove(&q) {
                         let _ = p
@@ -306,7 +312,7 @@ impl Service for Names {
         Ok(())
     }
 
-    fn poll(&mut self, now: Time, node: &mut Node) -> usize {
+    fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {
         let mut n = 0;
         if self.next_refresh.is_some_and(|t| now >= t) {
             let mine = std::mem::take(&mut self.mine);

@@ -20,14 +20,14 @@ use torusnet_client::channel::{
     Region, Sqe, APP_HEADER, INTO_BUFFER_HEADER,
 };
 use torusnet_client::sys::{self, Mapping};
-use torusnet_proto::node::{Event, MsgOptions, Node, Target};
-use torusnet_proto::service::{Request, Service};
+use torusnet_proto::node::{Event, MsgOptions, Target};
+use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{FailReason, Fences, SendError};
 
 use super::{AppInfo, NewApp};
-use crate::runtime::{Command, Shared};
+use crate::runtime::Shared;
 
 /// Submissions read per application per turn (so one cannot starve the others).
 const BATCH: usize = 1024;
@@ -246,7 +246,7 @@ impl AppsHost {
     }
 
     /// Reads application `i`'s submissions.
-    fn submissions(&mut self, i: usize, now: Time, node: &mut Node) -> usize {
+    fn submissions(&mut self, i: usize, now: Time, node: &mut dyn Engine) -> usize {
         if let Some(o) = self.apps[i].blocked.take() {
             if let Err(o) = self.send(i, now, node, o) {
                 self.apps[i].blocked = Some(o);
@@ -397,39 +397,15 @@ impl AppsHost {
         })
     }
 
-    /// Hands a message to the engine here, or to the poller that owns the peer's
-    /// connection; gives it back when that has no room now.
-    fn send(&mut self, i: usize, now: Time, node: &mut Node, o: Outgoing) -> Result<(), Outgoing> {
-        let owner = match o.target {
-            Target::Server(c) => self.shared.shard_of(c),
-            Target::Key(k) if o.opts.reliable => {
-                node.key_root(k).map_or(0, |r| self.shared.shard_of(r))
-            }
-            Target::Key(_) => 0,
-        };
-        if owner != 0 {
-            let c = Command::Send {
-                target: o.target,
-                service: o.service,
-                data: o.data,
-                opts: o.opts,
-            };
-            return match self.shared.push_to(owner, c) {
-                Ok(()) => Ok(()),
-                Err(Command::Send {
-                    target,
-                    service,
-                    data,
-                    opts,
-                }) => Err(Outgoing {
-                    target,
-                    service,
-                    data,
-                    opts,
-                }),
-                Err(_) => Ok(()),
-            };
-        }
+    /// Hands a message to the engine (which passes it to the poller that owns the peer's
+    /// connection); gives it back when there is no room now.
+    fn send(
+        &mut self,
+        i: usize,
+        now: Time,
+        node: &mut dyn Engine,
+        o: Outgoing,
+    ) -> Result<(), Outgoing> {
         match node.send(now, o.target, o.service, &o.data, o.opts) {
             Ok(()) => {
                 if self.spare.len() < 64 {
@@ -466,7 +442,7 @@ impl AppsHost {
     }
 
     /// A message for application `i` from the torus.
-    fn message(&mut self, i: usize, now: Time, node: &mut Node, m: Incoming<'_>) {
+    fn message(&mut self, i: usize, now: Time, node: &mut dyn Engine, m: Incoming<'_>) {
         let Incoming {
             src,
             data,
@@ -537,7 +513,7 @@ impl AppsHost {
         &mut self,
         i: usize,
         now: Time,
-        node: &mut Node,
+        node: &mut dyn Engine,
         src: Coord,
         src_service: u16,
         body: &[u8],
@@ -656,7 +632,7 @@ impl Service for AppsHost {
         self.by_service.contains_key(&id)
     }
 
-    fn on_event(&mut self, now: Time, e: &Event, node: &mut Node) {
+    fn on_event(&mut self, now: Time, e: &Event, node: &mut dyn Engine) {
         match e {
             Event::Message {
                 src,
@@ -744,12 +720,12 @@ impl Service for AppsHost {
         &mut self,
         _now: Time,
         request: Request,
-        _node: &mut Node,
+        _node: &mut dyn Engine,
     ) -> Result<(), Request> {
         Err(request)
     }
 
-    fn poll(&mut self, now: Time, node: &mut Node) -> usize {
+    fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {
         let mut n = self.adopt();
         self.reap();
         for i in 0..self.apps.len() {

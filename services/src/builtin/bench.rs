@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use torusnet_proto::harness::{fences_of, fill_payload, Oracle};
-use torusnet_proto::node::{Event, MsgOptions, Node, Target};
-use torusnet_proto::service::{Request, Service};
+use torusnet_proto::node::{Event, MsgOptions, Target};
+use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{Fences, SendError};
@@ -105,7 +105,7 @@ impl Bench {
         }
     }
 
-    fn on_message(&mut self, now: Time, src: Coord, data: &[u8], node: &mut Node) {
+    fn on_message(&mut self, now: Time, src: Coord, data: &[u8], node: &mut dyn Engine) {
         let Some(&kind) = data.first() else { return };
         let run = data
             .get(1..HEAD)
@@ -227,7 +227,7 @@ impl Service for Bench {
         &[BENCH]
     }
 
-    fn on_event(&mut self, now: Time, e: &Event, node: &mut Node) {
+    fn on_event(&mut self, now: Time, e: &Event, node: &mut dyn Engine) {
         match e {
             Event::Message {
                 src,
@@ -250,7 +250,12 @@ impl Service for Bench {
         }
     }
 
-    fn on_request(&mut self, now: Time, request: Request, _node: &mut Node) -> Result<(), Request> {
+    fn on_request(
+        &mut self,
+        now: Time,
+        request: Request,
+        _node: &mut dyn Engine,
+    ) -> Result<(), Request> {
         let req = request.downcast::<BenchRequest>()?;
         if self.run.is_some() {
             let _ = req
@@ -275,7 +280,7 @@ impl Service for Bench {
         Ok(())
     }
 
-    fn poll(&mut self, now: Time, node: &mut Node) -> usize {
+    fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {
         let Some(b) = self.run.as_mut() else {
             return 0;
         };

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::mpsc::Sender;
 
 use serde_json::{json, Value};
-use torusnet_proto::node::{Event, MsgOptions, Node, Target};
-use torusnet_proto::service::{Request, Service};
+use torusnet_proto::node::{Event, MsgOptions, Target};
+use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
 
 /// Service id of the built-in key probe.
@@ -37,7 +37,7 @@ impl Service for Keys {
         &[KEYS]
     }
 
-    fn on_event(&mut self, _now: Time, e: &Event, _node: &mut Node) {
+    fn on_event(&mut self, _now: Time, e: &Event, _node: &mut dyn Engine) {
         if let Event::Message {
             service: KEYS,
             key: Some(k),
@@ -48,7 +48,12 @@ impl Service for Keys {
         }
     }
 
-    fn on_request(&mut self, now: Time, request: Request, node: &mut Node) -> Result<(), Request> {
+    fn on_request(
+        &mut self,
+        now: Time,
+        request: Request,
+        node: &mut dyn Engine,
+    ) -> Result<(), Request> {
         match *request.downcast::<KeysRequest>()? {
             KeysRequest::Send(keys, reply) => {
                 let sent = keys
@@ -81,7 +86,7 @@ impl Service for Keys {
         Ok(())
     }
 
-    fn poll(&mut self, _now: Time, _node: &mut Node) -> usize {
+    fn poll(&mut self, _now: Time, _node: &mut dyn Engine) -> usize {
         0
     }
 }

@@ -25,9 +25,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use torusnet_proto::harness::fill_payload;
-use torusnet_proto::node::{Event, MsgOptions, Node, Target};
+use torusnet_proto::node::{Event, MsgOptions, Target};
 use torusnet_proto::rng::SplitMix64;
-use torusnet_proto::service::{Request, Service};
+use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::SendError;
@@ -133,10 +133,10 @@ impl Load {
         }
     }
 
-    fn header(&mut self, node: &Node) {
+    fn header(&mut self, node: &dyn Engine) {
         if self.journal_new {
             self.journal_new = false;
-            let inc = node.transport().config().incarnation;
+            let inc = node.incarnation();
             self.line(format_args!("I {inc:x}"));
         }
     }
@@ -275,7 +275,7 @@ impl Service for Load {
         &[LOAD]
     }
 
-    fn on_event(&mut self, _now: Time, e: &Event, node: &mut Node) {
+    fn on_event(&mut self, _now: Time, e: &Event, node: &mut dyn Engine) {
         self.header(node);
         match e {
             Event::Message {
@@ -301,7 +301,12 @@ impl Service for Load {
         }
     }
 
-    fn on_request(&mut self, now: Time, request: Request, node: &mut Node) -> Result<(), Request> {
+    fn on_request(
+        &mut self,
+        now: Time,
+        request: Request,
+        node: &mut dyn Engine,
+    ) -> Result<(), Request> {
         match *request.downcast::<LoadRequest>()? {
             LoadRequest::Start {
                 peers,
@@ -313,7 +318,7 @@ impl Service for Load {
                 reply,
             } => {
                 node.notify_acks(LOAD, true);
-                let inc = node.transport().config().incarnation;
+                let inc = node.incarnation();
                 if journal.is_some() {
                     self.flush();
                     self.journal = journal;
@@ -343,7 +348,7 @@ impl Service for Load {
         Ok(())
     }
 
-    fn poll(&mut self, now: Time, node: &mut Node) -> usize {
+    fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {
         self.header(node);
         let mut n = 0;
         if self.sending {
@@ -351,7 +356,7 @@ impl Service for Load {
             if now.since(self.next_at) > Duration::from_millis(100) {
                 self.next_at = now;
             }
-            let inc = node.transport().config().incarnation;
+            let inc = node.incarnation();
             let local = node.local();
             while self.next_at <= now && n < 64 {
                 let Some(dest) = self.dest(now, local) else {

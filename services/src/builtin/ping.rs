@@ -6,8 +6,8 @@ use std::sync::mpsc::Sender;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use torusnet_proto::node::{Event, MsgOptions, Node, Target};
-use torusnet_proto::service::{Request, Service};
+use torusnet_proto::node::{Event, MsgOptions, Target};
+use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 
@@ -91,7 +91,7 @@ impl Ping {
     }
 
     /// Sends the next request of the run, or ends the run when all were sent.
-    fn next(&mut self, now: Time, node: &mut Node) {
+    fn next(&mut self, now: Time, node: &mut dyn Engine) {
         let Some(p) = self.run.as_mut() else { return };
         if p.seq >= p.req.count {
             self.finish(now, None);
@@ -117,7 +117,7 @@ impl Ping {
         }
     }
 
-    fn lost_current(&mut self, now: Time, node: &mut Node) {
+    fn lost_current(&mut self, now: Time, node: &mut dyn Engine) {
         if let Some(p) = self.run.as_mut() {
             p.lost += 1;
             p.seq += 1;
@@ -136,7 +136,7 @@ impl Service for Ping {
         &[PING]
     }
 
-    fn on_event(&mut self, now: Time, e: &Event, node: &mut Node) {
+    fn on_event(&mut self, now: Time, e: &Event, node: &mut dyn Engine) {
         match e {
             Event::Message {
                 src,
@@ -187,7 +187,12 @@ impl Service for Ping {
         }
     }
 
-    fn on_request(&mut self, now: Time, request: Request, node: &mut Node) -> Result<(), Request> {
+    fn on_request(
+        &mut self,
+        now: Time,
+        request: Request,
+        node: &mut dyn Engine,
+    ) -> Result<(), Request> {
         let req = request.downcast::<PingRequest>()?;
         if self.run.is_some() {
             let _ = req
@@ -209,7 +214,7 @@ impl Service for Ping {
         Ok(())
     }
 
-    fn poll(&mut self, now: Time, node: &mut Node) -> usize {
+    fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {
         let Some(p) = self.run.as_ref() else { return 0 };
         if now >= p.deadline {
             let msg = format!(
