@@ -102,6 +102,9 @@ impl Engine for Routed<'_> {
     fn is_reachable(&self, c: torusnet_proto::topology::Coord) -> bool {
         self.node.routes().is_reachable(c)
     }
+    fn distance(&self, c: torusnet_proto::topology::Coord) -> Option<u32> {
+        self.node.routes().distance(c)
+    }
     fn key_root(&self, key: u64) -> Option<torusnet_proto::topology::Coord> {
         self.node.key_root(key)
     }

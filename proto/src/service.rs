@@ -28,6 +28,8 @@ pub trait Engine {
     fn incarnation(&self) -> u64;
     /// Whether `c` is reachable in the current view.
     fn is_reachable(&self, c: Coord) -> bool;
+    /// Hops to `c` in the current view (`None`: unreachable).
+    fn distance(&self, c: Coord) -> Option<u32>;
     /// The root of a routing key in the current view.
     fn key_root(&self, key: u64) -> Option<Coord> {
         keyspace::root(self.dims(), key, |c| self.is_reachable(c))
@@ -61,6 +63,9 @@ impl Engine for Node {
     }
     fn is_reachable(&self, c: Coord) -> bool {
         self.routes().is_reachable(c)
+    }
+    fn distance(&self, c: Coord) -> Option<u32> {
+        self.routes().distance(c)
     }
     fn key_root(&self, key: u64) -> Option<Coord> {
         Node::key_root(self, key)

@@ -5,8 +5,11 @@
 //! - [`builtin`]: `ping` (echo and RTT), `bench` (a checked bulk transfer), `keys` (key-routed
 //!   probes counted where they land) and `load` (checked reliable traffic to changing peers,
 //!   journalled for an oracle).
+//! - [`kv`]: a replicated key-value store with hot-key cache servers, on the key space, and
+//!   the memcached protocol its gateways speak.
 //! - [`names`]: the directory of service names on the key space (where an application's
 //!   service runs, for applications attached from their own processes).
 
 pub mod builtin;
+pub mod kv;
 pub mod names;

@@ -1,0 +1,455 @@
+//! The primary role: a key's first server in `GetServersForKey(key, r)` orders every
+//! operation on it, one at a time per key. A write is applied here, copied to the replicas
+//! and to be invalidated at the cache servers that hold it, and answered when every one of
+//! them confirmed, failed or ran out of time; reads wait behind writes of their key, so no
+//! read sees a write before it is acknowledged.
+//!
+//! A key this server has not held as primary since the last view change is *fetched* first:
+//! the other holders (the next `r` candidates) send what they have, and the newest copy
+//! wins. That is how a new primary learns of the last acknowledged write, and of a write it
+//! missed while it was away, before it answers or orders anything.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use torusnet_proto::service::Engine;
+use torusnet_proto::time::Time;
+use torusnet_proto::topology::Coord;
+
+use super::ops::{apply, Change, Op, Outcome};
+use super::store::{Copy, Item};
+use super::wire::Msg;
+use super::{log, routing_key, Kv, KvCounters, Waits};
+
+/// How long a primary waits for a replica's confirmation or a holder's copy (the transport
+/// reports a failed peer sooner; this covers one that failed after taking the message).
+const CONFIRM_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// An operation queued at the primary.
+#[derive(Debug)]
+struct Job {
+    from: Coord,
+    id: u64,
+    op: Op,
+    cache_fill: bool,
+}
+
+#[derive(Debug)]
+enum Busy {
+    Idle,
+    /// Asking the other holders for their copies (ids outstanding).
+    Fetching {
+        ids: HashSet<u64>,
+    },
+    /// A write waits for replicas and cache servers (ids outstanding).
+    Writing {
+        job: Job,
+        outcome: Outcome,
+        ids: HashSet<u64>,
+    },
+}
+
+#[derive(Debug)]
+struct KeyWork {
+    busy: Busy,
+    queue: VecDeque<Job>,
+}
+
+/// What a confirmation or copy id is for.
+#[derive(Debug, Clone)]
+pub(super) enum Wait {
+    /// A write's copy or invalidation, for this key.
+    Write(Vec<u8>),
+    /// A fetch for this key.
+    Fetch(Vec<u8>),
+    /// A copy sent to a server catching up.
+    CatchUp,
+    /// A copy re-created after a failure.
+    Rereplicate,
+}
+
+/// The primary's state.
+#[derive(Debug, Default)]
+pub(super) struct Primary {
+    work: HashMap<Vec<u8>, KeyWork>,
+    /// Confirmations and copies awaited, by message id.
+    pub(super) waits: Waits<(Wait, Time)>,
+    /// Keys held as primary continuously since the last view change.
+    fresh: HashSet<Vec<u8>>,
+    /// Cache servers holding a copy of each key.
+    holders: HashMap<Vec<u8>, HashSet<Coord>>,
+    /// Keys with a wait due (a deadline to check).
+    deadlines: Option<Time>,
+}
+
+impl Primary {
+    pub(super) fn next_due(&self) -> Option<Time> {
+        self.deadlines
+    }
+
+    pub(super) fn due_by(&mut self, t: Time) {
+        self.deadlines = Some(self.deadlines.map_or(t, |d| d.min(t)));
+    }
+
+    /// After a view change no key is fresh, and cache copies registered for keys this server
+    /// no longer orders are forgotten (their cache servers drop them on their own).
+    pub(super) fn view_changed(&mut self, node: &dyn Engine) {
+        self.fresh.clear();
+        let me = node.local();
+        self.holders
+            .retain(|k, _| node.key_root(routing_key(k)) == Some(me));
+    }
+}
+
+/// The origin of a write: who asked, and its id there.
+fn origin(from: Coord, id: u64) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (from, id).hash(&mut h);
+    h.finish() | 1
+}
+
+impl Kv {
+    /// An operation for a key this server may be the primary of.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn primary_request(
+        &mut self,
+        now: Time,
+        node: &mut dyn Engine,
+        from: Coord,
+        id: u64,
+        cache_fill: bool,
+        key: Vec<u8>,
+        op: Op,
+    ) {
+        if node.key_root(routing_key(&key)) != Some(node.local()) {
+            KvCounters::add(&self.counters.redirects, 1);
+            self.out.send(now, from, &Msg::Redirect { id }, 0);
+            return;
+        }
+        let w = self.primary.work.entry(key.clone()).or_insert(KeyWork {
+            busy: Busy::Idle,
+            queue: VecDeque::new(),
+        });
+        w.queue.push_back(Job {
+            from,
+            id,
+            op,
+            cache_fill,
+        });
+        self.advance(now, node, &key);
+    }
+
+    /// Runs the jobs of `key` until one has to wait.
+    fn advance(&mut self, now: Time, node: &mut dyn Engine, key: &[u8]) {
+        loop {
+            let Some(w) = self.primary.work.get_mut(key) else {
+                return;
+            };
+            if !matches!(w.busy, Busy::Idle) {
+                return;
+            }
+            let Some(job) = w.queue.pop_front() else {
+                self.primary.work.remove(key);
+                return;
+            };
+            let me = node.local();
+            let kh = routing_key(key);
+            if node.key_root(kh) != Some(me) {
+                KvCounters::add(&self.counters.redirects, 1);
+                self.out
+                    .send(now, job.from, &Msg::Redirect { id: job.id }, 0);
+                continue;
+            }
+            if !self.primary.fresh.contains(key) {
+                let holders: Vec<Coord> = node
+                    .servers_for_key(kh, self.cfg.replicas + 1)
+                    .into_iter()
+                    .filter(|&c| c != me)
+                    .collect();
+                if !holders.is_empty() {
+                    KvCounters::add(&self.counters.fetches, 1);
+                    let deadline = now + CONFIRM_TIMEOUT;
+                    let mut ids = HashSet::new();
+                    for h in holders {
+                        let id = self.new_id();
+                        ids.insert(id);
+                        self.primary
+                            .waits
+                            .insert(id, (Wait::Fetch(key.to_vec()), deadline));
+                        let m = Msg::Fetch {
+                            id,
+                            key: key.to_vec(),
+                        };
+                        self.out.send(now, h, &m, id);
+                    }
+                    self.primary.due_by(deadline);
+                    if let Some(w) = self.primary.work.get_mut(key) {
+                        w.queue.push_front(job);
+                        w.busy = Busy::Fetching { ids };
+                    }
+                    return;
+                }
+                self.primary.fresh.insert(key.to_vec());
+            }
+            KvCounters::add(&self.counters.primary_ops, 1);
+            if let Some((ids, outcome)) = self.run(now, node, key, &job) {
+                let deadline = now + CONFIRM_TIMEOUT;
+                self.primary.due_by(deadline);
+                if let Some(w) = self.primary.work.get_mut(key) {
+                    w.busy = Busy::Writing { outcome, job, ids };
+                }
+                return;
+            }
+        }
+    }
+
+    /// Runs one job. A write that has to wait for confirmations returns their ids and its
+    /// outcome, to be answered when they are in; everything else is answered now.
+    fn run(
+        &mut self,
+        now: Time,
+        node: &mut dyn Engine,
+        key: &[u8],
+        job: &Job,
+    ) -> Option<(HashSet<u64>, Outcome)> {
+        let origin = origin(job.from, job.id);
+        if job.op.writes() && self.store.origin(key) == origin {
+            // A retry of a write done already (its answer was lost with a failed primary).
+            let out = self.replay(key, &job.op, now);
+            self.out.send(
+                now,
+                job.from,
+                &Msg::Resp {
+                    id: job.id,
+                    outcome: out,
+                },
+                0,
+            );
+            return None;
+        }
+        let cur: Option<Item> = self.store.get(key, now).cloned();
+        let version = (self.store.version(key) + 1)
+            .max(self.clock(now))
+            .max(self.floor);
+        let (outcome, change) = apply(cur.as_ref(), &job.op, now, version);
+        let copy = match change {
+            Change::None => {
+                if job.cache_fill && matches!(outcome, Outcome::Value(_)) {
+                    self.primary
+                        .holders
+                        .entry(key.to_vec())
+                        .or_default()
+                        .insert(job.from);
+                }
+                self.respond(now, job, outcome);
+                return None;
+            }
+            Change::Put(mut item) => {
+                item.origin = origin;
+                if self.store.put(key, item.clone()).is_err() {
+                    KvCounters::add(&self.counters.refused, 1);
+                    let o = Outcome::Error("out of memory storing object".into());
+                    self.respond(now, job, o);
+                    return None;
+                }
+                Copy::Item(item)
+            }
+            Change::Delete(v) => {
+                self.store.delete(key, v, origin, now);
+                Copy::Deleted { version: v, origin }
+            }
+        };
+        self.record(log::Record::Copy {
+            key: key.to_vec(),
+            copy: copy.clone(),
+        });
+        let me = node.local();
+        let kh = routing_key(key);
+        let replicas: Vec<Coord> = node
+            .servers_for_key(kh, self.cfg.replicas)
+            .into_iter()
+            .filter(|&c| c != me)
+            .collect();
+        let caches: Vec<Coord> = self
+            .primary
+            .holders
+            .remove(key)
+            .map(|h| h.into_iter().filter(|&c| c != me).collect())
+            .unwrap_or_default();
+        if replicas.is_empty() && caches.is_empty() {
+            self.respond(now, job, outcome);
+            return None;
+        }
+        let deadline = now + CONFIRM_TIMEOUT;
+        let mut ids = HashSet::new();
+        for r in replicas {
+            let id = self.new_id();
+            ids.insert(id);
+            self.primary
+                .waits
+                .insert(id, (Wait::Write(key.to_vec()), deadline));
+            KvCounters::add(&self.counters.copies_sent, 1);
+            let m = Msg::Repl {
+                id,
+                key: key.to_vec(),
+                copy: copy.clone(),
+            };
+            self.out.send(now, r, &m, id);
+        }
+        for c in caches {
+            let id = self.new_id();
+            ids.insert(id);
+            self.primary
+                .waits
+                .insert(id, (Wait::Write(key.to_vec()), deadline));
+            KvCounters::add(&self.counters.invalidations, 1);
+            let m = Msg::Invalidate {
+                id,
+                version,
+                key: key.to_vec(),
+            };
+            self.out.send(now, c, &m, id);
+        }
+        Some((ids, outcome))
+    }
+
+    /// The answer to a write found done already.
+    fn replay(&mut self, key: &[u8], op: &Op, now: Time) -> Outcome {
+        let version = self.store.version(key);
+        match op {
+            Op::Delete { .. } => Outcome::Deleted,
+            Op::Touch(_) => Outcome::Touched,
+            Op::GetAndTouch(_) => match self.store.get(key, now) {
+                Some(i) => Outcome::Value(i.clone()),
+                None => Outcome::NotFound,
+            },
+            Op::Arith { .. } => {
+                let n = self
+                    .store
+                    .get(key, now)
+                    .and_then(|i| std::str::from_utf8(&i.value).ok()?.parse().ok())
+                    .unwrap_or(0);
+                Outcome::Number(n, version)
+            }
+            Op::Store { .. } | Op::Get => Outcome::Stored(version),
+        }
+    }
+
+    fn respond(&mut self, now: Time, job: &Job, outcome: Outcome) {
+        let m = Msg::Resp {
+            id: job.id,
+            outcome,
+        };
+        self.out.send(now, job.from, &m, 0);
+    }
+
+    /// A replica, cache server or catching-up server confirmed message `id`.
+    pub(super) fn confirmed(&mut self, now: Time, node: &mut dyn Engine, id: u64, applied: bool) {
+        let Some((wait, _)) = self.primary.waits.remove(&id) else {
+            return;
+        };
+        match wait {
+            Wait::Write(key) => self.write_done(now, node, &key, id),
+            Wait::Fetch(key) => self.fetch_done(now, node, &key, id),
+            Wait::CatchUp => {}
+            Wait::Rereplicate => {
+                if applied {
+                    KvCounters::add(&self.counters.rereplicated, 1);
+                }
+            }
+        }
+    }
+
+    /// Message `id` to `peer` will not be confirmed.
+    pub(super) fn unconfirmed(&mut self, now: Time, node: &mut dyn Engine, peer: Coord, id: u64) {
+        let _ = peer;
+        let Some((wait, _)) = self.primary.waits.remove(&id) else {
+            return;
+        };
+        match wait {
+            Wait::Write(key) => {
+                KvCounters::add(&self.counters.replica_failures, 1);
+                self.write_done(now, node, &key, id);
+            }
+            Wait::Fetch(key) => self.fetch_done(now, node, &key, id),
+            Wait::CatchUp | Wait::Rereplicate => {}
+        }
+    }
+
+    /// A holder's copy of `key` (or none) for fetch `id`.
+    pub(super) fn fetched(
+        &mut self,
+        now: Time,
+        node: &mut dyn Engine,
+        id: u64,
+        copy: Option<Copy>,
+    ) {
+        let Some((Wait::Fetch(key), _)) = self.primary.waits.remove(&id) else {
+            return;
+        };
+        if let Some(c) = copy {
+            self.take_copy(now, &key, c);
+        }
+        self.fetch_done(now, node, &key, id);
+    }
+
+    fn write_done(&mut self, now: Time, node: &mut dyn Engine, key: &[u8], id: u64) {
+        let Some(w) = self.primary.work.get_mut(key) else {
+            return;
+        };
+        let Busy::Writing { ids, .. } = &mut w.busy else {
+            return;
+        };
+        ids.remove(&id);
+        if !ids.is_empty() {
+            return;
+        }
+        if let Busy::Writing { job, outcome, .. } = std::mem::replace(&mut w.busy, Busy::Idle) {
+            self.respond(now, &job, outcome);
+        }
+        self.advance(now, node, key);
+    }
+
+    fn fetch_done(&mut self, now: Time, node: &mut dyn Engine, key: &[u8], id: u64) {
+        let Some(w) = self.primary.work.get_mut(key) else {
+            return;
+        };
+        let Busy::Fetching { ids, .. } = &mut w.busy else {
+            return;
+        };
+        ids.remove(&id);
+        if !ids.is_empty() {
+            return;
+        }
+        w.busy = Busy::Idle;
+        self.primary.fresh.insert(key.to_vec());
+        self.advance(now, node, key);
+    }
+
+    /// Gives up on confirmations past their deadline.
+    pub(super) fn poll_primary(&mut self, now: Time, node: &mut dyn Engine) -> usize {
+        if self.primary.deadlines.is_none_or(|d| d > now) {
+            return 0;
+        }
+        let late: Vec<(u64, Coord)> = self
+            .primary
+            .waits
+            .iter()
+            .filter(|(_, (_, d))| *d <= now)
+            .map(|(&id, _)| (id, node.local()))
+            .collect();
+        self.primary.deadlines = self
+            .primary
+            .waits
+            .values()
+            .map(|(_, d)| *d)
+            .filter(|&d| d > now)
+            .min();
+        let n = late.len();
+        for (id, peer) in late {
+            self.unconfirmed(now, node, peer, id);
+        }
+        n
+    }
+}
