@@ -10,6 +10,8 @@ PACKAGES=(
   util-linux          # setpriv: the tests attach as an unprivileged user
   libelf-dev m4 zlib1g-dev pkg-config   # libxdp/libbpf, built from source by xsk-rs
   iproute2 ethtool    # namespaces, veth pairs, link settings in scripts and tests
+  libmemcached-tools  # memccapable (conformance) and memcslap (load) against the kv gateways
+  memcached           # the stock server the kv benchmark compares with
 )
 
 missing=()
@@ -30,12 +32,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# pytest for the Python binding's tests (from PyPI when the distribution has none).
-if ! python3 -c 'import pytest' 2>/dev/null; then
-  echo "install-deps: installing pytest"
-  python3 -m pip install --quiet --disable-pip-version-check pytest 2>/dev/null \
-    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages pytest
-fi
+# Python modules from PyPI when missing: pytest (the binding's tests), pymemcache (a memcached
+# client nobody here wrote, against the kv gateways).
+for m in pytest pymemcache; do
+  if ! python3 -c "import $m" 2>/dev/null; then
+    echo "install-deps: installing $m"
+    python3 -m pip install --quiet --disable-pip-version-check "$m" 2>/dev/null \
+      || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$m"
+  fi
+done
 
 export PATH="$HOME/.cargo/bin:$PATH"
 if ! command -v cargo >/dev/null; then

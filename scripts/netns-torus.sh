@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A torus of network namespaces on this machine, joined by veth pairs.
 #
-#   netns-torus.sh up DIMS [--mtu N] [--prefix P] [--key HEX]   make it (replacing an old one of that prefix)
+#   netns-torus.sh up DIMS [--mtu N] [--prefix P] [--key HEX] [--front] [--kv LINE]...
+#                                                                make it (replacing an old one of that prefix)
 #   netns-torus.sh start [--prefix P] [--polling busy|adaptive] start torusctl daemon + torusd in every namespace
 #   netns-torus.sh stop  [--prefix P]                            stop the daemons it started
 #   netns-torus.sh down  [--prefix P]                            stop them and remove everything it made
@@ -14,6 +15,11 @@
 # Everything made is listed in /run/torusnet/P/manifest; `down` removes what is listed there
 # and nothing else, also after a crash. Node files (read by torusd and torusctl daemon) are
 # /run/torusnet/P/x-y-z.toml; logs are beside them.
+#
+# --front adds the clients' network: namespace P-front holds a bridge (10.88.255.254/16) with
+# a veth "front" into every server (server number i, in x-then-y-then-z order, is
+# 10.88.i/250.i%250+1), and the memcached gateways listen on it. --kv adds a line to every
+# node file's [kv] section (e.g. --kv 'rereplicate_after_s = 5').
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,12 +30,16 @@ mtu=1500
 dims=
 key=
 polling=adaptive
+front=0
+kvlines=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --mtu) mtu=${2:?--mtu needs a value}; shift 2 ;;
     --prefix) prefix=${2:?--prefix needs a value}; shift 2 ;;
     --key) key=${2:?--key needs hex digits}; shift 2 ;;
     --polling) polling=${2:?--polling needs busy or adaptive}; shift 2 ;;
+    --front) front=1; shift ;;
+    --kv) kvlines+=("${2:?--kv needs a line}"); shift 2 ;;
     -*) echo "netns-torus.sh: unknown option $1" >&2; exit 2 ;;
     *) if [ -z "$dims" ]; then dims=$1; shift; else echo "netns-torus.sh: unexpected $1" >&2; exit 2; fi ;;
   esac
@@ -105,9 +115,23 @@ up() {
     [ "$Z" -ge 2 ] && ip -n "$a" link add pz mtu "$mtu" type veth peer name mz netns "$(ns $x $y $(((z + 1) % Z)))" mtu "$mtu"
     true
   done; done; done
+  if [ $front = 1 ]; then
+    ip netns add "$prefix-front"
+    echo "netns $prefix-front" >> "$state/manifest"
+    ip -n "$prefix-front" link set lo up
+    ip -n "$prefix-front" link add br0 type bridge
+    ip -n "$prefix-front" addr add 10.88.255.254/16 dev br0
+    ip -n "$prefix-front" link set br0 up
+  fi
   idx=0
   for ((z = 0; z < Z; z++)); do for ((y = 0; y < Y; y++)); do for ((x = 0; x < X; x++)); do
     name=$(ns $x $y $z)
+    if [ $front = 1 ]; then
+      ip -n "$name" link add front type veth peer name "f$idx" netns "$prefix-front"
+      ip -n "$name" addr add "10.88.$((idx / 250)).$((idx % 250 + 1))/16" dev front
+      ip -n "$name" link set front up
+      ip -n "$prefix-front" link set "f$idx" master br0 up
+    fi
     f="$state/$x-$y-$z.toml"
     # 16 MiB of UMEM per server (32 MiB with jumbo frames): enough to keep each link's fill
     # ring stocked while 54 daemons share two cores.
@@ -133,6 +157,11 @@ up() {
       echo "state_file = \"$state/$x-$y-$z.coord\""
       echo "socket = \"$state/$x-$y-$z-control.sock\""
       [ -n "$key" ] && echo "key = \"$key\""
+      if [ $front = 1 ] || [ ${#kvlines[@]} -gt 0 ]; then
+        printf '\n[kv]\n'
+        [ $front = 1 ] && echo 'listen = "0.0.0.0:11211"'
+        for l in "${kvlines[@]}"; do echo "$l"; done
+      fi
     } > "$f"
     idx=$((idx + 1))
   done; done; done

@@ -149,6 +149,30 @@ pub fn render_status(v: &Value) -> String {
             );
         }
     }
+    if v["kv"].is_object() {
+        let k = &v["kv"];
+        let st = &k["store"];
+        out += &format!(
+            "kv: gateway {} ({} connections, {} commands); {} items, {} bytes; {} ops ({} hits, {} misses, {} writes, {} timeouts); primary {} ops; cache {} hits, {} misses, {} items; copies {} sent, {} re-replicated; caught up {}\n",
+            k["gateway"].as_str().unwrap_or("off"),
+            u(k, &["connections"]),
+            u(k, &["commands"]),
+            u(st, &["items"]),
+            u(st, &["bytes"]),
+            u(st, &["ops"]),
+            u(st, &["hits"]),
+            u(st, &["misses"]),
+            u(st, &["writes"]),
+            u(st, &["timeouts"]),
+            u(st, &["primary_ops"]),
+            u(st, &["cache_hits"]),
+            u(st, &["cache_misses"]),
+            u(st, &["cache_items"]),
+            u(st, &["copies_sent"]),
+            u(st, &["rereplicated"]),
+            if u(st, &["caught_up"]) == 1 { "yes" } else { "no" },
+        );
+    }
     let unreachable = e["unreachable"].as_array().map(Vec::len).unwrap_or(0);
     out += &format!(
         "routing: view version {}, {} forwarded, {} key-routed delivered here, {} servers unreachable\n",

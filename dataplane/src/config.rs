@@ -121,6 +121,37 @@ struct Raw {
     load: RawLoad,
     #[serde(default)]
     apps: RawApps,
+    #[serde(default)]
+    kv: RawKv,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKv {
+    /// Run the key-value store at all (default: yes).
+    enabled: Option<bool>,
+    /// The memcached gateway's address (default 127.0.0.1:11211; "off": none).
+    listen: Option<String>,
+    /// Copies of each value.
+    replicas: Option<usize>,
+    /// Seconds after a failure before missing copies are re-created.
+    rereplicate_after_s: Option<f64>,
+    /// Reads through cache servers.
+    cache: Option<bool>,
+    /// Cache servers per key.
+    cache_keys: Option<usize>,
+    /// Memory for stored items, MiB.
+    store_mb: Option<usize>,
+    /// Memory for cached copies, MiB.
+    cache_mb: Option<usize>,
+    /// An operation's deadline, ms.
+    op_timeout_ms: Option<u64>,
+    /// Most gateway connections.
+    max_connections: Option<usize>,
+    /// Largest value, KiB.
+    max_item_kb: Option<usize>,
+    /// Disk mode: the store's log.
+    log: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -199,6 +230,8 @@ pub struct NodeConfig {
     pub load_journal: Option<PathBuf>,
     /// Applications in their own processes (`[apps]`): where they attach, who may.
     pub apps: Option<crate::apps::AppsConfig>,
+    /// The key-value store and its memcached gateway (`[kv]`).
+    pub kv: Option<crate::kvgw::KvSettings>,
 }
 
 impl NodeConfig {
@@ -410,8 +443,94 @@ impl NodeConfig {
             control_socket,
             load_journal: raw.load.journal,
             apps,
+            kv: kv_settings(raw.kv)?,
         })
     }
+}
+
+fn kv_settings(raw: RawKv) -> Result<Option<crate::kvgw::KvSettings>, ConfigError> {
+    use std::time::Duration;
+    let bad = |s: String| ConfigError::Invalid(s);
+    if !raw.enabled.unwrap_or(true) {
+        return Ok(None);
+    }
+    let mut service = torusnet_services::kv::KvConfig::default();
+    if let Some(r) = raw.replicas {
+        if !(1..=7).contains(&r) {
+            return Err(bad(format!("kv.replicas: {r} is outside 1..=7")));
+        }
+        service.replicas = r;
+    }
+    if let Some(t) = raw.rereplicate_after_s {
+        if !(0.0..=86_400.0).contains(&t) {
+            return Err(bad(format!(
+                "kv.rereplicate_after_s: {t} is outside 0..=86400"
+            )));
+        }
+        service.rereplicate_after = Duration::from_secs_f64(t);
+    }
+    if let Some(c) = raw.cache {
+        service.cache = c;
+    }
+    if let Some(k) = raw.cache_keys {
+        if k > 16 {
+            return Err(bad(format!("kv.cache_keys: {k} is outside 0..=16")));
+        }
+        service.cache_keys = k;
+    }
+    if let Some(m) = raw.store_mb {
+        if !(1..=1 << 20).contains(&m) {
+            return Err(bad(format!("kv.store_mb: {m} is outside 1..=1048576")));
+        }
+        service.store_bytes = m << 20;
+    }
+    if let Some(m) = raw.cache_mb {
+        if m > 1 << 20 {
+            return Err(bad(format!("kv.cache_mb: {m} is outside 0..=1048576")));
+        }
+        service.cache_bytes = m << 20;
+    }
+    if let Some(ms) = raw.op_timeout_ms {
+        if !(50..=600_000).contains(&ms) {
+            return Err(bad(format!(
+                "kv.op_timeout_ms: {ms} is outside 50..=600000"
+            )));
+        }
+        service.op_timeout = Duration::from_millis(ms);
+    }
+    let max_connections = raw.max_connections.unwrap_or(1024);
+    if !(1..=65_536).contains(&max_connections) {
+        return Err(bad(format!(
+            "kv.max_connections: {max_connections} is outside 1..=65536"
+        )));
+    }
+    let max_item = raw.max_item_kb.unwrap_or(1024);
+    if !(1..=32 * 1024).contains(&max_item) {
+        return Err(bad(format!(
+            "kv.max_item_kb: {max_item} is outside 1..=32768"
+        )));
+    }
+    let listen = raw.listen.unwrap_or_else(|| "127.0.0.1:11211".into());
+    let gateway = if listen == "off" {
+        None
+    } else {
+        let addr: std::net::SocketAddr = listen.parse().map_err(|_| {
+            bad(format!(
+                "kv.listen: {listen:?} is not an address like 0.0.0.0:11211 (or \"off\")"
+            ))
+        })?;
+        Some(crate::kvgw::GatewayConfig {
+            listen: addr,
+            max_connections,
+            max_item: max_item << 10,
+            timeout: service.op_timeout + Duration::from_secs(2),
+        })
+    };
+    Ok(Some(crate::kvgw::KvSettings {
+        service,
+        gateway,
+        log: raw.log,
+    }))
 }
 
 #[cfg(test)]

@@ -266,6 +266,15 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                 )
             }
         },
+        "kv" => {
+            // Not under the dataplane's lock: an operation may wait for its deadline.
+            let shared = with_dp(d, |dp| Ok(dp.shared().clone()))?;
+            if shared.kv.is_none() {
+                return Err("the key-value store is off ([kv] enabled = false)".into());
+            }
+            let submit = crate::runtime::KvSubmit::new(shared);
+            crate::kvgw::manage(&submit, req, Duration::from_secs(10))
+        }
         "ping" => {
             let to = coord(req, "to")?;
             let count = req

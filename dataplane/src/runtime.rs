@@ -343,6 +343,10 @@ pub struct Shared {
     /// Which poller owns the link in each direction.
     pub(crate) link_shard: [Option<usize>; 6],
     pub(crate) started: Instant,
+    /// The key-value store's counters, when it runs.
+    pub kv: Option<Arc<torusnet_services::kv::KvCounters>>,
+    /// The memcached gateway: its address and counters.
+    pub kv_gateway: Mutex<Option<(std::net::SocketAddr, Arc<crate::kvgw::GatewayCounters>)>>,
 }
 
 impl Shared {
@@ -411,6 +415,7 @@ impl Shared {
 pub struct Dataplane {
     shared: Arc<Shared>,
     pollers: Vec<JoinHandle<Result<(), String>>>,
+    gateway: Option<crate::kvgw::Gateway>,
 }
 
 /// A registered service: send messages, receive its events.
@@ -686,6 +691,21 @@ pub struct Status {
     pub engine: EngineSnapshot,
     /// Applications attached from their own processes.
     pub apps: Vec<crate::apps::AppStatus>,
+    /// The key-value store, when it runs.
+    pub kv: Option<KvStatus>,
+}
+
+/// The key-value store's part of the status.
+#[derive(Debug, Clone, Serialize)]
+pub struct KvStatus {
+    /// The memcached gateway's address (`None`: no gateway).
+    pub gateway: Option<String>,
+    /// Client connections open now.
+    pub connections: u64,
+    /// Commands the gateway served.
+    pub commands: u64,
+    /// The store's counters.
+    pub store: torusnet_services::kv::KvStats,
 }
 
 impl Dataplane {
@@ -788,6 +808,11 @@ impl Dataplane {
             shards,
             link_shard,
             started: Instant::now(),
+            kv: cfg
+                .kv
+                .as_ref()
+                .map(|_| Arc::new(torusnet_services::kv::KvCounters::default())),
+            kv_gateway: Mutex::new(None),
         });
         let mut pollers = Vec::new();
         for (shard, (umem, ports)) in umems.into_iter().zip(ports).enumerate() {
@@ -813,6 +838,9 @@ impl Dataplane {
                 if cfg.apps.is_some() {
                     services.push(Box::new(crate::apps::host::AppsHost::new(shared.clone())));
                 }
+                if let (Some(k), Some(counters)) = (&cfg.kv, &shared.kv) {
+                    services.push(Box::new(kv_service(k, counters.clone())?));
+                }
             }
             let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize)
                 .with_services(services);
@@ -835,7 +863,24 @@ impl Dataplane {
                 StartError::Link(format!("application socket {}: {e}", a.socket.display()))
             })?;
         }
-        Ok(Dataplane { shared, pollers })
+        let mut gateway = None;
+        if let (Some(k), Some(counters)) = (&cfg.kv, &shared.kv) {
+            if let Some(g) = &k.gateway {
+                let submit = Arc::new(KvSubmit(shared.clone()));
+                let gw = crate::kvgw::start(g.clone(), submit, counters.clone()).map_err(|e| {
+                    shared.shutdown.store(true, Ordering::Release);
+                    shared.wake_all();
+                    StartError::Link(format!("memcached gateway {}: {e}", g.listen))
+                })?;
+                *shared.kv_gateway.lock() = Some((gw.addr, gw.counters.clone()));
+                gateway = Some(gw);
+            }
+        }
+        Ok(Dataplane {
+            shared,
+            pollers,
+            gateway,
+        })
     }
 
     /// Registers service `id` (or returns the existing registration) with an inbox of
@@ -924,6 +969,19 @@ impl Dataplane {
             links,
             engine,
             apps: s.apps.status(),
+            kv: s.kv.as_ref().map(|k| {
+                let gw = s.kv_gateway.lock().clone();
+                KvStatus {
+                    gateway: gw.as_ref().map(|(a, _)| a.to_string()),
+                    connections: gw
+                        .as_ref()
+                        .map_or(0, |(_, c)| c.connections.load(Ordering::Relaxed)),
+                    commands: gw
+                        .as_ref()
+                        .map_or(0, |(_, c)| c.commands.load(Ordering::Relaxed)),
+                    store: k.snapshot(),
+                }
+            }),
         }
     }
 
@@ -933,6 +991,9 @@ impl Dataplane {
     }
 
     fn stop(&mut self) -> Result<(), String> {
+        if let Some(g) = self.gateway.take() {
+            g.stop();
+        }
         self.shared.shutdown.store(true, Ordering::Release);
         self.shared.wake_all();
         let mut result = Ok(());
@@ -946,6 +1007,54 @@ impl Dataplane {
             }
         }
         result
+    }
+}
+
+/// The key-value service of this server, from its settings (and its disk log, in disk mode).
+fn kv_service(
+    k: &crate::kvgw::KvSettings,
+    counters: Arc<torusnet_services::kv::KvCounters>,
+) -> Result<torusnet_services::kv::Kv, StartError> {
+    use torusnet_services::kv::{Kv, KvConfig};
+    // Versions follow the wall clock from the poller's time zero (it starts right after).
+    let epoch_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let cfg = KvConfig {
+        epoch_us,
+        ..k.service.clone()
+    };
+    let kv = Kv::new(cfg, counters);
+    Ok(match &k.log {
+        Some(path) => {
+            let (records, log) = crate::kvgw::open_log(path, epoch_us)
+                .map_err(|e| StartError::Engine(format!("kv.log {}: {e}", path.display())))?;
+            kv.with_log(records, log, torusnet_proto::time::Time::ZERO)
+        }
+        None => kv,
+    })
+}
+
+/// The way to the key-value store from outside the pollers (the gateway, the management
+/// socket): a request to the service in the first poller.
+pub struct KvSubmit(Arc<Shared>);
+
+impl KvSubmit {
+    /// Requests go to this dataplane's store.
+    pub fn new(shared: Arc<Shared>) -> KvSubmit {
+        KvSubmit(shared)
+    }
+}
+
+impl crate::kvgw::Submit for KvSubmit {
+    fn submit(&self, req: torusnet_services::kv::KvRequest) -> Result<(), String> {
+        let c = Command::Request {
+            service: torusnet_services::kv::KV,
+            request: Box::new(req),
+        };
+        self.0
+            .push_to(0, c)
+            .map_err(|_| "the poller's command queue is full".to_string())
     }
 }
 

@@ -70,14 +70,46 @@ pub fn alive(pid: u32) -> bool {
 impl Torus {
     /// Creates the namespaces and links (`netns-torus.sh up`), without starting daemons.
     pub fn up(prefix: &str, dims: &str) -> Torus {
+        Torus::up_with(prefix, dims, &[])
+    }
+
+    /// As [`Torus::up`], with more options for `netns-torus.sh up` (`--front`, `--kv LINE`).
+    pub fn up_with(prefix: &str, dims: &str, extra: &[&str]) -> Torus {
         // Made before `up` runs so that a half-built torus is torn down too.
         let t = Torus {
             prefix: prefix.to_string(),
             dims: dims.parse().expect("torus size"),
             children: Mutex::new(Vec::new()),
         };
-        t.script(&["up", dims]);
+        let mut args = vec!["up", dims];
+        args.extend_from_slice(extra);
+        t.script(&args);
         t
+    }
+
+    /// Waits until every server's control process reaches every server and published the
+    /// view it computed.
+    pub fn wait_converged(&self, limit: Duration) {
+        let n = json!(self.dims.count());
+        let start = Instant::now();
+        loop {
+            let ok = self.dims.coords().all(|c| {
+                self.control(c).is_some_and(|v| {
+                    v["reachable"] == n && v["published_version"] == v["view_version"]
+                })
+            });
+            if ok {
+                return;
+            }
+            assert!(start.elapsed() < limit, "no convergence within {limit:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The address of server `c`'s memcached gateway on the front network (`--front`).
+    pub fn front_addr(&self, c: torusnet_proto::topology::Coord) -> String {
+        let i = self.dims.index(c);
+        format!("10.88.{}.{}", i / 250, i % 250 + 1)
     }
 
     /// Starts both daemons in every namespace.

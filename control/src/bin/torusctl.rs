@@ -152,6 +152,15 @@ enum Cmd {
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
         timeout_ms: Option<u64>,
     },
+    /// The key-value store through one server: get prints the value (exit 1 if missing),
+    /// set and delete print what happened, stats and held print JSON.
+    Kv {
+        /// torusd's management socket.
+        #[arg(long)]
+        socket: PathBuf,
+        #[command(subcommand)]
+        op: KvOp,
+    },
     /// Drop data frames arriving on one of torusd's links, in the kernel (tests).
     Fault {
         /// torusd's management socket.
@@ -164,6 +173,39 @@ enum Cmd {
         #[arg(long)]
         drop: f64,
     },
+}
+
+#[derive(Subcommand)]
+enum KvOp {
+    /// Print a key's value.
+    Get {
+        /// The key.
+        key: String,
+        /// Print JSON (value, flags, cas).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Store a value.
+    Set {
+        /// The key.
+        key: String,
+        /// The value.
+        value: String,
+        /// Lifetime in seconds (0: for ever).
+        #[arg(long, default_value_t = 0)]
+        ttl: i64,
+    },
+    /// Remove a key.
+    Delete {
+        /// The key.
+        key: String,
+    },
+    /// The store's counters on this server (JSON).
+    Stats,
+    /// The keys this server holds, with versions and roles (JSON).
+    Held,
+    /// Drop every item on every server.
+    Flush,
 }
 
 fn parse_dims(s: &str) -> Result<Dims, String> {
@@ -294,12 +336,44 @@ fn run(cmd: Cmd) -> Result<String, String> {
             return dpclient::request(&socket, &req, Duration::from_millis(limit + 5000))
                 .map(|v| v.to_string());
         }
+        Cmd::Kv { socket, op } => return kv(&socket, op),
         Cmd::Fault { socket, link, drop } => {
             let req = serde_json::json!({"cmd": "fault", "link": link, "drop": drop});
             return dpclient::request(&socket, &req, Duration::from_secs(5)).map(|v| v.to_string());
         }
     };
     json.map_err(|e| format!("cannot encode the answer: {e}"))
+}
+
+/// One key-value operation; `Err` (exit 1) for a missing key, as scripts expect.
+fn kv(socket: &std::path::Path, op: KvOp) -> Result<String, String> {
+    use serde_json::json;
+    let req = match &op {
+        KvOp::Get { key, .. } => json!({"cmd": "kv", "op": "get", "key": key}),
+        KvOp::Set { key, value, ttl } => {
+            json!({"cmd": "kv", "op": "set", "key": key, "value": value, "ttl": ttl})
+        }
+        KvOp::Delete { key } => json!({"cmd": "kv", "op": "delete", "key": key}),
+        KvOp::Stats => json!({"cmd": "kv", "op": "stats"}),
+        KvOp::Held => json!({"cmd": "kv", "op": "held"}),
+        KvOp::Flush => json!({"cmd": "kv", "op": "flush"}),
+    };
+    let v = dpclient::request(socket, &req, Duration::from_secs(15))?;
+    match op {
+        KvOp::Get { json: true, .. } => Ok(v.to_string()),
+        KvOp::Get { key, .. } => match (v["found"].as_bool(), v["value"].as_str()) {
+            (Some(true), Some(s)) => Ok(s.to_string()),
+            (Some(true), None) => Ok(v["value_hex"].as_str().unwrap_or("").to_string()),
+            _ => Err(format!("NOT_FOUND {key}")),
+        },
+        KvOp::Set { .. } => Ok(format!("STORED cas {}", v["cas"])),
+        KvOp::Delete { key } => match v["deleted"].as_bool() {
+            Some(true) => Ok("DELETED".into()),
+            _ => Err(format!("NOT_FOUND {key}")),
+        },
+        KvOp::Flush => Ok("OK".into()),
+        KvOp::Stats | KvOp::Held => Ok(v.to_string()),
+    }
 }
 
 /// Queries whichever daemons the arguments name (both, from a node file).

@@ -353,15 +353,15 @@ impl Parser {
                 };
                 Request::FlushAll { delay, noreply }
             }
+            // stats takes no noreply: memcached answers it with an error.
+            "stats" if noreply => Request::Refused("ERROR\r\n".into()),
             "stats" => Request::Stats(t.get(1).map(|s| s.to_string())),
+            // As memcached: arguments are ignored.
             "version" => Request::Version,
-            "verbosity" => {
-                if t.len() < 2 || (t.len() == 2 && noreply) {
-                    Request::Refused("ERROR\r\n".into())
-                } else {
-                    Request::Verbosity { noreply }
-                }
-            }
+            // As memcached: one or two arguments (the level is not checked; `noreply`
+            // silences it), anything else is an error.
+            "verbosity" if (2..=3).contains(&t.len()) => Request::Verbosity { noreply },
+            "verbosity" => Request::Refused("ERROR\r\n".into()),
             "quit" => Request::Quit,
             "mn" => Request::MetaNoop,
             "mg" | "md" | "ma" => {
@@ -413,9 +413,7 @@ impl Parser {
         if n > self.max_item {
             // Swallow the data block (and its terminator) without buffering it.
             self.consume(used);
-            let have = self.buf.len().min(n + 2);
-            self.consume(have);
-            self.skip = n + 2 - have;
+            self.swallow(n + 2);
             return Some(Request::Refused(
                 "SERVER_ERROR object too large for cache\r\n".into(),
             ));
@@ -440,6 +438,13 @@ impl Parser {
         })
     }
 
+    /// Drops the next `n` bytes, those buffered now and those still to come.
+    fn swallow(&mut self, n: usize) {
+        let have = self.buf.len().min(n);
+        self.consume(have);
+        self.skip = n - have;
+    }
+
     fn meta_set(&mut self, t: &[&str], used: usize) -> Option<Request> {
         let key = t.get(1).map(|k| k.as_bytes().to_vec()).unwrap_or_default();
         let (true, Some(n)) = (valid_key(&key), num::<usize>(t.get(2))) else {
@@ -449,15 +454,15 @@ impl Parser {
         let meta = match parse_meta(t.get(3..).unwrap_or(&[])) {
             Ok(m) => m,
             Err(e) => {
+                // The length is known: its data block is skipped, not read as commands.
                 self.consume(used);
+                self.swallow(n + 2);
                 return Some(client_error(&e));
             }
         };
         if n > self.max_item {
             self.consume(used);
-            let have = self.buf.len().min(n + 2);
-            self.consume(have);
-            self.skip = n + 2 - have;
+            self.swallow(n + 2);
             return Some(Request::Refused(
                 "SERVER_ERROR object too large for cache\r\n".into(),
             ));
@@ -695,5 +700,33 @@ mod tests {
             p.feed(&b);
             while p.next_request().is_some() {}
         }
+    }
+
+    #[test]
+    fn verbosity_and_stats_take_only_their_arguments() {
+        let err = Request::Refused("ERROR\r\n".into());
+        assert_eq!(parse_all(b"verbosity foo bar my\r\n"), vec![err.clone()]);
+        assert_eq!(
+            parse_all(b"verbosity noreply\r\n"),
+            vec![Request::Verbosity { noreply: true }]
+        );
+        assert_eq!(parse_all(b"verbosity\r\n"), vec![err.clone()]);
+        assert_eq!(
+            parse_all(b"verbosity 1\r\nverbosity 0 noreply\r\n"),
+            vec![
+                Request::Verbosity { noreply: false },
+                Request::Verbosity { noreply: true }
+            ]
+        );
+        assert_eq!(parse_all(b"version foo bar\r\n"), vec![Request::Version]);
+        assert_eq!(parse_all(b"stats noreply\r\n"), vec![err]);
+        assert_eq!(parse_all(b"stats\r\n"), vec![Request::Stats(None)]);
+    }
+
+    #[test]
+    fn a_meta_set_with_bad_flags_skips_its_data() {
+        let r = parse_all(b"ms k 3 Z9\r\nabc\r\nmn\r\n");
+        assert!(matches!(&r[0], Request::Refused(e) if e.starts_with("CLIENT_ERROR")));
+        assert_eq!(r[1..], [Request::MetaNoop]);
     }
 }
