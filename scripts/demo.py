@@ -176,6 +176,40 @@ def applications():
           " docs/applications.md)")
 
 
+def front(c):
+    """Server c's address on the clients' network (netns-torus.sh --front)."""
+    i = c[0] + 3 * (c[1] + 3 * c[2])
+    return f"10.88.{i // 250}.{i % 250 + 1}"
+
+
+def kvcheck(*args):
+    """scripts/kvcheck.py (pymemcache) in the clients' namespace: its JSON line."""
+    r = subprocess.run(["ip", "netns", "exec", f"{PREFIX}-front", "python3",
+                        os.path.join(ROOT, "scripts/kvcheck.py"), *args],
+                       capture_output=True, text=True)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": (r.stderr or r.stdout).strip()[-300:]}
+
+
+KV_KEYS = f"{STATE}/demo-kv-keys.json"
+
+
+def key_value():
+    """The replicated key-value store through its memcached gateways, with pymemcache."""
+    section("key-value store: pymemcache writes 300 binary values through 0,0,0's memcached gateway")
+    w = kvcheck("write", front((0, 0, 0)), "demo", "300", KV_KEYS)
+    hosts = ",".join(front(c) for c in ALL)
+    r = kvcheck("read", hosts, KV_KEYS)
+    print(f"   {w.get('written', 0)} acknowledged (3 copies each, on GetServersForKey(SHA-1(key), 3)); "
+          f"read back through all 27 gateways: {r.get('checked', 0)} reads, {r.get('missing', '?')} missing, "
+          f"{r.get('wrong', '?')} wrong")
+    st = ask((0, 0, 0), {"cmd": "status"})["kv"]["store"]
+    print(f"   0,0,0's store: {st['items']} items held, {st['primary_ops']} operations ordered as primary, "
+          f"cache {st['cache_hits']} hits / {st['cache_misses']} misses (docs/kv.md)")
+
+
 def main():
     section("control plane")
     took = converge(27)
@@ -243,6 +277,7 @@ def main():
 
     restart_torusd(src)
     applications()
+    key_value()
 
     dead = (2, 0, 2)
     section(f"the same while link 0,0,0:-x is cut and server {s(dead)} (on a shortest path, root of some keys) is killed")
@@ -277,6 +312,10 @@ def main():
         got = landed.get(keys[n]["routing_key"])
         want = tuple(down_keys[n]["servers"][0])
         bad += got != want
+    live = [c for c in ALL if c != dead]
+    r = kvcheck("read", ",".join(front(c) for c in live), KV_KEYS)
+    print(f"   the key-value store after the kill: {r.get('keys', 0)} acknowledged values read through "
+          f"the 26 live gateways, {r.get('missing', '?')} lost, {r.get('wrong', '?')} wrong")
     print(f"   keys after the failure: {len(names) - bad} of {len(names)} on the server "
           f"`torusctl key --down {s(dead)}` names; {len(rooted)} moved off {s(dead)}:")
     for n in rooted:

@@ -5,6 +5,8 @@ use clap::{Parser, Subcommand};
 
 mod apps;
 mod baseline;
+mod kv;
+mod kvtcp;
 mod measure;
 mod netbench;
 mod plot;
@@ -43,6 +45,11 @@ enum Cmd {
     Suite(netbench::SuiteArgs),
     /// Applications attached from their own process vs the embedded API, same link, same run.
     Apps(apps::Args),
+    /// The key-value store under memaslap: torus vs the same store over TCP through a switch
+    /// vs one memcached, set- and get-heavy, cache on and off (about 4 minutes).
+    Kv(kv::Args),
+    /// One server of the key-value store's switch baseline (started by `kv`).
+    KvNode(kvtcp::NodeArgs),
     /// Experiments on the packet-level simulator of the whole torus (same engines).
     Sim(sim::Args),
     /// Redraw the suite's SVG charts from a results file.
@@ -67,6 +74,8 @@ fn main() {
         Cmd::Twoway(a) => netbench::run_flow(&a, true),
         Cmd::Suite(a) => netbench::run_suite(&a),
         Cmd::Sim(a) => sim::run(&a),
+        Cmd::Kv(a) => kv::run(&a),
+        Cmd::KvNode(a) => kvtcp::run_node(&a),
         Cmd::Apps(a) => apps::run(&a),
         Cmd::Plot { from, out } => std::fs::read_to_string(&from)
             .map_err(|e| format!("{}: {e}", from.display()))

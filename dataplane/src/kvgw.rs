@@ -14,6 +14,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
@@ -163,7 +164,8 @@ fn accept_loop(listener: &TcpListener, ctx: &Arc<Ctx>) {
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(10));
+                // A few wake-ups a second to see whether to stop, not a hundred.
+                torusnet_client::sys::wait_readable(listener.as_raw_fd(), 250);
             }
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }

@@ -159,7 +159,14 @@ impl Mgmt {
                         clients.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                // Idle: sleep until a client connects (or a quarter second, to see whether to
+                // stop), rather than waking fifty times a second.
+                Err(_) => {
+                    torusnet_client::sys::wait_readable(
+                        std::os::fd::AsRawFd::as_raw_fd(&self.listener),
+                        250,
+                    );
+                }
             }
         }
     }

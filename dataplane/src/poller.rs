@@ -143,6 +143,9 @@ impl Engine for Routed<'_> {
     }
 }
 
+/// Idle turns an adaptive poller makes (yielding the core between them) before it sleeps.
+const ADAPTIVE_SPIN: u32 = 16;
+
 /// One poller of a server: its links, its UMEM, its engine.
 pub struct Poller {
     shard: usize,
@@ -291,8 +294,14 @@ impl Poller {
             idle_turns += 1;
             match self.shared.polling {
                 Polling::Busy => std::hint::spin_loop(),
-                Polling::Adaptive if idle_turns > 64 => self.sleep(),
-                Polling::Adaptive => std::hint::spin_loop(),
+                Polling::Adaptive if idle_turns > ADAPTIVE_SPIN => self.sleep(),
+                // Between turns, let whatever else wants this core run: adaptive pollers
+                // share cores (many servers per machine), and a spinning poller only delays
+                // the one that has the work it waits for.
+                // SAFETY: sched_yield has no preconditions.
+                Polling::Adaptive => unsafe {
+                    libc::sched_yield();
+                },
             }
         }
         self.publish();
@@ -311,7 +320,14 @@ impl Poller {
             .min()
             .map(|t| t.since(now))
             .unwrap_or(Duration::from_millis(100));
-        let ms = timer.min(Duration::from_millis(100)).as_millis() as i32;
+        // To the microsecond: a millisecond poll() timeout rounds sub-millisecond timers
+        // (delayed ACKs, retransmission) down to zero, and the poller spins in system calls
+        // until they fire, stealing the cores of every other server on the machine.
+        let timer = timer.min(Duration::from_millis(100));
+        let ts = libc::timespec {
+            tv_sec: timer.as_secs() as libc::time_t,
+            tv_nsec: libc::c_long::from(timer.subsec_nanos() as i32),
+        };
         let mut fds: Vec<libc::pollfd> = self
             .ports
             .iter()
@@ -333,8 +349,15 @@ impl Poller {
             quiet &= svc.may_sleep();
         }
         if quiet && !self.shared.shutdown.load(Ordering::Acquire) {
-            // SAFETY: fds is a valid array of pollfd of the given length.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms.max(0)) };
+            // SAFETY: fds is a valid array of pollfd of the given length; ts outlives the call.
+            unsafe {
+                libc::ppoll(
+                    fds.as_mut_ptr(),
+                    fds.len() as libc::nfds_t,
+                    &ts,
+                    std::ptr::null(),
+                )
+            };
         }
         self.me().sleeping.store(false, Ordering::Release);
         for svc in &mut self.services {

@@ -22,7 +22,7 @@ fn in_front(t: &Torus, args: &[&str]) -> Output {
 }
 
 fn kvcheck(t: &Torus, args: &[&str]) -> (bool, Value) {
-    let script = root().join("tests/kv/kvcheck.py");
+    let script = root().join("scripts/kvcheck.py");
     let script = script.to_string_lossy().into_owned();
     let mut a = vec!["python3", script.as_str()];
     a.extend_from_slice(args);

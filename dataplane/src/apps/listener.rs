@@ -49,7 +49,13 @@ pub fn start(cfg: AppsConfig, shared: Arc<Shared>) -> std::io::Result<()> {
                             .name("torusd-app".into())
                             .spawn(move || serve(s, &cfg, gid, &shared));
                     }
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    // Idle: sleep until an application connects (or a quarter second).
+                    Err(_) => {
+                        torusnet_client::sys::wait_readable(
+                            std::os::fd::AsRawFd::as_raw_fd(&listener),
+                            250,
+                        );
+                    }
                 }
             }
             let _ = std::fs::remove_file(&cfg.socket);

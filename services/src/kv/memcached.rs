@@ -194,8 +194,21 @@ pub struct Parser {
     max_item: usize,
 }
 
+/// A key as memcached takes it: 1..=250 bytes, any but the separators (memcached's own
+/// load generator, memaslap, puts control bytes in its keys).
 fn valid_key(k: &[u8]) -> bool {
-    !k.is_empty() && k.len() <= MAX_KEY && k.iter().all(|b| *b > b' ' && *b != 0x7f)
+    !k.is_empty() && k.len() <= MAX_KEY && !k.iter().any(|b| matches!(b, b' ' | b'\r' | b'\n' | 0))
+}
+
+/// A command line as text without losing a byte: each byte is one char (Latin-1), so keys
+/// of any bytes survive tokenizing; [`raw`] turns a token back into its bytes.
+fn latin1(b: &[u8]) -> String {
+    b.iter().map(|&c| char::from(c)).collect()
+}
+
+/// The bytes of a token of a [`latin1`] line.
+fn raw(t: &str) -> Vec<u8> {
+    t.chars().map(|c| c as u32 as u8).collect()
 }
 
 fn client_error(msg: &str) -> Request {
@@ -230,18 +243,21 @@ impl Parser {
 
     /// The next complete request, if one is in.
     pub fn next_request(&mut self) -> Option<Request> {
-        let Some(end) = self.buf.windows(2).position(|w| w == b"\r\n") else {
+        // As memcached: a line ends at \n, a \r before it is dropped.
+        let Some(nl) = self.buf.iter().position(|b| *b == b'\n') else {
             if self.buf.len() > MAX_LINE {
                 self.buf.clear();
                 return Some(client_error("line too long"));
             }
-            // A lone \n ends a line too (telnet users).
-            let nl = self.buf.iter().position(|b| *b == b'\n')?;
-            let line = String::from_utf8_lossy(&self.buf[..nl]).into_owned();
-            return self.line(line, nl + 1);
+            return None;
         };
-        let line = String::from_utf8_lossy(&self.buf[..end]).into_owned();
-        self.line(line, end + 2)
+        let end = if nl > 0 && self.buf[nl - 1] == b'\r' {
+            nl - 1
+        } else {
+            nl
+        };
+        let line = latin1(&self.buf[..end]);
+        self.line(line, nl + 1)
     }
 
     fn consume(&mut self, n: usize) {
@@ -250,7 +266,8 @@ impl Parser {
 
     /// Handles a command line of `used` bytes (terminator included).
     fn line(&mut self, line: String, used: usize) -> Option<Request> {
-        let t: Vec<&str> = line.split_ascii_whitespace().collect();
+        // memcached separates tokens by spaces only.
+        let t: Vec<&str> = line.split(' ').filter(|t| !t.is_empty()).collect();
         let Some(&cmd) = t.first() else {
             self.consume(used);
             return Some(Request::Refused("ERROR\r\n".into()));
@@ -274,7 +291,7 @@ impl Parser {
         self.consume(used);
         Some(match cmd {
             "get" | "gets" => {
-                let keys: Vec<Vec<u8>> = t[1..].iter().map(|k| k.as_bytes().to_vec()).collect();
+                let keys: Vec<Vec<u8>> = t[1..].iter().map(|k| raw(k)).collect();
                 if keys.is_empty() {
                     return Some(Request::Refused("ERROR\r\n".into()));
                 }
@@ -290,7 +307,7 @@ impl Parser {
                 let (Some(exptime), true) = (num::<i64>(t.get(1)), t.len() > 2) else {
                     return Some(Request::Refused("ERROR\r\n".into()));
                 };
-                let keys: Vec<Vec<u8>> = t[2..].iter().map(|k| k.as_bytes().to_vec()).collect();
+                let keys: Vec<Vec<u8>> = t[2..].iter().map(|k| raw(k)).collect();
                 if !keys.iter().all(|k| valid_key(k)) {
                     return Some(client_error("bad command line format"));
                 }
@@ -301,11 +318,9 @@ impl Parser {
                 }
             }
             "delete" => match t.get(1) {
-                Some(k)
-                    if valid_key(k.as_bytes()) && (t.len() == 2 || (t.len() == 3 && noreply)) =>
-                {
+                Some(k) if valid_key(&raw(k)) && (t.len() == 2 || (t.len() == 3 && noreply)) => {
                     Request::Delete {
-                        key: k.as_bytes().to_vec(),
+                        key: raw(k),
                         noreply,
                     }
                 }
@@ -317,12 +332,12 @@ impl Parser {
                 let (Some(k), Some(d)) = (t.get(1), t.get(2)) else {
                     return Some(Request::Refused("ERROR\r\n".into()));
                 };
-                if !valid_key(k.as_bytes()) {
+                if !valid_key(&raw(k)) {
                     return Some(client_error("bad command line format"));
                 }
                 match d.parse::<u64>() {
                     Ok(delta) => Request::Arith {
-                        key: k.as_bytes().to_vec(),
+                        key: raw(k),
                         incr: cmd == "incr",
                         delta,
                         noreply,
@@ -334,11 +349,11 @@ impl Parser {
                 let (Some(k), Some(e)) = (t.get(1), num::<i64>(t.get(2))) else {
                     return Some(Request::Refused("ERROR\r\n".into()));
                 };
-                if !valid_key(k.as_bytes()) {
+                if !valid_key(&raw(k)) {
                     return Some(client_error("bad command line format"));
                 }
                 Request::Touch {
-                    key: k.as_bytes().to_vec(),
+                    key: raw(k),
                     exptime: e,
                     noreply,
                 }
@@ -368,14 +383,14 @@ impl Parser {
                 let Some(k) = t.get(1) else {
                     return Some(client_error("bad command line format"));
                 };
-                if !valid_key(k.as_bytes()) {
+                if !valid_key(&raw(k)) {
                     return Some(client_error("bad command line format"));
                 }
                 let meta = match parse_meta(&t[2..]) {
                     Ok(m) => m,
                     Err(e) => return Some(client_error(&e)),
                 };
-                let key = k.as_bytes().to_vec();
+                let key = raw(k);
                 match cmd {
                     "mg" => Request::MetaGet { key, meta },
                     "md" => Request::MetaDelete { key, meta },
@@ -390,7 +405,7 @@ impl Parser {
     fn storage(&mut self, sc: StoreCmd, t: &[&str], used: usize, noreply: bool) -> Option<Request> {
         let want = if sc == StoreCmd::Cas { 6 } else { 5 };
         let fields_ok = t.len() == want || (t.len() == want + 1 && noreply);
-        let key = t.get(1).map(|k| k.as_bytes().to_vec()).unwrap_or_default();
+        let key = t.get(1).map(|k| raw(k)).unwrap_or_default();
         let flags = num::<u32>(t.get(2));
         let exptime = num::<i64>(t.get(3));
         let bytes = num::<i64>(t.get(4));
@@ -446,7 +461,7 @@ impl Parser {
     }
 
     fn meta_set(&mut self, t: &[&str], used: usize) -> Option<Request> {
-        let key = t.get(1).map(|k| k.as_bytes().to_vec()).unwrap_or_default();
+        let key = t.get(1).map(|k| raw(k)).unwrap_or_default();
         let (true, Some(n)) = (valid_key(&key), num::<usize>(t.get(2))) else {
             self.consume(used);
             return Some(client_error("bad command line format"));
@@ -633,10 +648,12 @@ mod tests {
             r[1],
             Request::Refused("CLIENT_ERROR bad data chunk\r\n".into())
         );
-        assert!(matches!(&r[2], Request::Refused(s) if s.starts_with("CLIENT_ERROR")));
-        assert_eq!(r[3], Request::Refused("ERROR\r\n".into()));
+        // The chunk's stray \n ends an empty line, as it does in memcached.
+        assert_eq!(r[2], Request::Refused("ERROR\r\n".into()));
+        assert!(matches!(&r[3], Request::Refused(s) if s.starts_with("CLIENT_ERROR")));
+        assert_eq!(r[4], Request::Refused("ERROR\r\n".into()));
         assert_eq!(
-            r[4],
+            r[5],
             Request::Refused("CLIENT_ERROR bad data chunk\r\n".into())
         );
         assert!(r
@@ -728,5 +745,24 @@ mod tests {
         let r = parse_all(b"ms k 3 Z9\r\nabc\r\nmn\r\n");
         assert!(matches!(&r[0], Request::Refused(e) if e.starts_with("CLIENT_ERROR")));
         assert_eq!(r[1..], [Request::MetaNoop]);
+    }
+
+    #[test]
+    fn keys_keep_every_byte_memcached_keeps() {
+        let mut line =
+            b"set \x10\x10\xffk\xe9 0 0 1\r\nv\r\nget a\x01 \x10\x10\xffk\xe9\r\n".to_vec();
+        let r = parse_all(&line);
+        assert!(matches!(&r[0], Request::Store { key, .. } if key == b"\x10\x10\xffk\xe9"));
+        assert_eq!(
+            r[1],
+            Request::Get {
+                keys: vec![b"a\x01".to_vec(), b"\x10\x10\xffk\xe9".to_vec()],
+                cas: false
+            }
+        );
+        line = b"get a\x00b\r\n".to_vec();
+        assert!(
+            matches!(&parse_all(&line)[0], Request::Refused(e) if e.starts_with("CLIENT_ERROR"))
+        );
     }
 }
