@@ -78,7 +78,8 @@ fn line_of_three_forwards_through_the_middle() {
     let mut c = Cluster::new("tl", dims, &coords, 1500);
     c.link(0, Dir::PlusX, 1);
     c.link(1, Dir::PlusX, 2);
-    c.start("[view]\ndown_links = [\"2,0,0:+x\"]\n");
+    // Without the key-value store, whose catch-up at start would deliver messages to B.
+    c.start("[view]\ndown_links = [\"2,0,0:+x\"]\n\n[kv]\nenabled = false\n");
     let r = c
         .ctl(0, &json!({"cmd": "bench", "to": "2,0,0", "bytes": 50u64 << 20, "size": 8192, "fence_every": 16}))
         .unwrap_or_else(|e| panic!("bench: {e}\n{}", c.log(1)));
