@@ -12,6 +12,7 @@ PACKAGES=(
   iproute2 ethtool    # namespaces, veth pairs, link settings in scripts and tests
   libmemcached-tools  # memccapable (conformance) and memcslap (load) against the kv gateways
   memcached           # the stock server the kv benchmark compares with
+  iputils-ping iperf3 curl   # real clients of IP over the torus in the tests and benchmarks
 )
 
 missing=()

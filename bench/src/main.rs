@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod apps;
 mod baseline;
+mod ip;
 mod kv;
 mod kvtcp;
 mod measure;
@@ -48,6 +49,11 @@ enum Cmd {
     /// The key-value store under memaslap: torus vs the same store over TCP through a switch
     /// vs one memcached, set- and get-heavy, cache on and off (about 4 minutes).
     Kv(kv::Args),
+    /// IP over the torus (iperf3, ping, all-to-all TCP) vs the kernel's IP forwarding on the
+    /// same veth topology (about 3 minutes).
+    Ip(ip::Args),
+    /// One server of the all-to-all TCP run (started by `ip`).
+    IpMesh(ip::MeshArgs),
     /// One server of the key-value store's switch baseline (started by `kv`).
     KvNode(kvtcp::NodeArgs),
     /// Experiments on the packet-level simulator of the whole torus (same engines).
@@ -75,6 +81,8 @@ fn main() {
         Cmd::Suite(a) => netbench::run_suite(&a),
         Cmd::Sim(a) => sim::run(&a),
         Cmd::Kv(a) => kv::run(&a),
+        Cmd::Ip(a) => ip::run(&a),
+        Cmd::IpMesh(a) => ip::run_mesh(&a),
         Cmd::KvNode(a) => kvtcp::run_node(&a),
         Cmd::Apps(a) => apps::run(&a),
         Cmd::Plot { from, out } => std::fs::read_to_string(&from)

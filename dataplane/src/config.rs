@@ -123,6 +123,23 @@ struct Raw {
     apps: RawApps,
     #[serde(default)]
     kv: RawKv,
+    #[serde(default)]
+    ip: RawIp,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawIp {
+    /// Bring up the TUN interface (default: yes).
+    enabled: Option<bool>,
+    /// Its name (default torus0).
+    name: Option<String>,
+    /// The torus's IPv4 prefix (default 10.77.0.0/16).
+    ipv4: Option<String>,
+    /// The torus's IPv6 prefix (default fd77::/64; "off": none).
+    ipv6: Option<String>,
+    /// The interface's MTU (default 65000).
+    mtu: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -232,6 +249,8 @@ pub struct NodeConfig {
     pub apps: Option<crate::apps::AppsConfig>,
     /// The key-value store and its memcached gateway (`[kv]`).
     pub kv: Option<crate::kvgw::KvSettings>,
+    /// IP over the torus (`[ip]`).
+    pub ip: Option<crate::ip::IpConfig>,
 }
 
 impl NodeConfig {
@@ -444,8 +463,49 @@ impl NodeConfig {
             load_journal: raw.load.journal,
             apps,
             kv: kv_settings(raw.kv)?,
+            ip: ip_settings(raw.ip, dims)?,
         })
     }
+}
+
+fn ip_settings(raw: RawIp, dims: Dims) -> Result<Option<crate::ip::IpConfig>, ConfigError> {
+    let bad = |s: String| ConfigError::Invalid(s);
+    if !raw.enabled.unwrap_or(true) {
+        return Ok(None);
+    }
+    let name = raw.name.unwrap_or_else(|| "torus0".into());
+    if name.is_empty() || name.len() > 15 || name.contains(['/', ' ']) {
+        return Err(bad(format!(
+            "ip.name: {name:?} is not an interface name (1-15 characters)"
+        )));
+    }
+    let v4: crate::ip::addr::Prefix4 = raw
+        .ipv4
+        .as_deref()
+        .unwrap_or("10.77.0.0/16")
+        .parse()
+        .map_err(|e| bad(format!("ip.ipv4: {e}")))?;
+    if v4.hosts() < dims.count() {
+        return Err(bad(format!(
+            "ip.ipv4: /{} numbers {} hosts, the torus has {} servers",
+            v4.len,
+            v4.hosts(),
+            dims.count()
+        )));
+    }
+    let v6 = match raw.ipv6.as_deref() {
+        Some("off") => None,
+        s => Some(
+            s.unwrap_or("fd77::/64")
+                .parse::<crate::ip::addr::Prefix6>()
+                .map_err(|e| bad(format!("ip.ipv6: {e}")))?,
+        ),
+    };
+    let mtu = raw.mtu.unwrap_or(65000);
+    if !(1280..=65535).contains(&mtu) {
+        return Err(bad(format!("ip.mtu: {mtu} is outside 1280..=65535")));
+    }
+    Ok(Some(crate::ip::IpConfig { name, v4, v6, mtu }))
 }
 
 fn kv_settings(raw: RawKv) -> Result<Option<crate::kvgw::KvSettings>, ConfigError> {

@@ -5,6 +5,7 @@ pub mod apps;
 pub mod cluster;
 pub mod config;
 pub mod counters;
+pub mod ip;
 pub mod kvgw;
 pub mod loader;
 pub mod mgmt;

@@ -342,6 +342,13 @@ impl Poller {
             events: libc::POLLIN,
             revents: 0,
         });
+        for svc in &self.services {
+            fds.extend(svc.wake_fds().into_iter().map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            }));
+        }
         self.me().sleeping.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         let mut quiet = self.me().commands.is_empty() && self.me().handoff.is_empty();

@@ -345,6 +345,8 @@ pub struct Shared {
     pub(crate) started: Instant,
     /// The key-value store's counters, when it runs.
     pub kv: Option<Arc<torusnet_services::kv::KvCounters>>,
+    /// IP over the torus, when it runs: its settings and counters.
+    pub ip: Option<(crate::ip::IpConfig, Arc<crate::ip::IpCounters>)>,
     /// The memcached gateway: its address and counters.
     pub kv_gateway: Mutex<Option<(std::net::SocketAddr, Arc<crate::kvgw::GatewayCounters>)>>,
 }
@@ -693,6 +695,8 @@ pub struct Status {
     pub apps: Vec<crate::apps::AppStatus>,
     /// The key-value store, when it runs.
     pub kv: Option<KvStatus>,
+    /// IP over the torus, when it runs.
+    pub ip: Option<crate::ip::IpStats>,
 }
 
 /// The key-value store's part of the status.
@@ -813,11 +817,19 @@ impl Dataplane {
                 .as_ref()
                 .map(|_| Arc::new(torusnet_services::kv::KvCounters::default())),
             kv_gateway: Mutex::new(None),
+            ip: cfg
+                .ip
+                .clone()
+                .map(|c| (c, Arc::new(crate::ip::IpCounters::default()))),
         });
         let mut pollers = Vec::new();
         for (shard, (umem, ports)) in umems.into_iter().zip(ports).enumerate() {
-            let node = Node::new(coord, cfg.view.clone(), transport)
+            let mut node = Node::new(coord, cfg.view.clone(), transport)
                 .map_err(|e| StartError::Engine(e.to_string()))?;
+            if cfg.ip.is_some() {
+                // Room for a few dozen 64 KiB segments per peer before IP drops.
+                node.configure_service(crate::ip::IP, 1, 4 << 20);
+            }
             let journal: Option<Box<dyn std::io::Write + Send>> = match &cfg.load_journal {
                 Some(path) => Some(Box::new(
                     std::fs::OpenOptions::new()
@@ -840,6 +852,12 @@ impl Dataplane {
                 }
                 if let (Some(k), Some(counters)) = (&cfg.kv, &shared.kv) {
                     services.push(Box::new(kv_service(k, counters.clone())?));
+                }
+                if let Some((ip, counters)) = &shared.ip {
+                    let index = cfg.dims.index(coord);
+                    let svc = crate::ip::IpService::start(ip.clone(), index, counters.clone())
+                        .map_err(|e| StartError::Link(format!("IP interface {}: {e}", ip.name)))?;
+                    services.push(Box::new(svc));
                 }
             }
             let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize)
@@ -969,6 +987,10 @@ impl Dataplane {
             links,
             engine,
             apps: s.apps.status(),
+            ip: s
+                .ip
+                .as_ref()
+                .map(|(c, n)| crate::ip::IpService::stats(c, s.dims.index(s.coord), n)),
             kv: s.kv.as_ref().map(|k| {
                 let gw = s.kv_gateway.lock().clone();
                 KvStatus {

@@ -132,4 +132,10 @@ pub trait Service: Send {
 
     /// The host woke up (undo what `may_sleep` armed).
     fn woke(&mut self) {}
+
+    /// File descriptors whose readability should wake a sleeping host for this service (a
+    /// device it reads, such as a TUN interface); none by default.
+    fn wake_fds(&self) -> Vec<i32> {
+        Vec::new()
+    }
 }
