@@ -11,6 +11,7 @@ mod kvtcp;
 mod measure;
 mod netbench;
 mod plot;
+mod rmem;
 mod route;
 mod sim;
 mod stack;
@@ -49,6 +50,9 @@ enum Cmd {
     /// The key-value store under memaslap: torus vs the same store over TCP through a switch
     /// vs one memcached, set- and get-heavy, cache on and off (about 4 minutes).
     Kv(kv::Args),
+    /// Remote memory (64 KiB remote writes, 64 B remote reads, the message queue) vs reliable
+    /// messages of the same size on the same link (about 1 minute).
+    Rmem(rmem::Args),
     /// IP over the torus (iperf3, ping, all-to-all TCP) vs the kernel's IP forwarding on the
     /// same veth topology (about 3 minutes).
     Ip(ip::Args),
@@ -82,6 +86,7 @@ fn main() {
         Cmd::Sim(a) => sim::run(&a),
         Cmd::Kv(a) => kv::run(&a),
         Cmd::Ip(a) => ip::run(&a),
+        Cmd::Rmem(a) => rmem::run(&a),
         Cmd::IpMesh(a) => ip::run_mesh(&a),
         Cmd::KvNode(a) => kvtcp::run_node(&a),
         Cmd::Apps(a) => apps::run(&a),

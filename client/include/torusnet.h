@@ -70,6 +70,9 @@ typedef struct {
 #define TORUS_EV_BUFFER_FILLED  8  /* return buffer tag holds len bytes from `from` */
 #define TORUS_EV_BUFFER_MISSED  9  /* message tag found no return buffer at from.x/y/z */
 #define TORUS_EV_OVERFLOW       10 /* count incoming messages dropped (not read in time) */
+#define TORUS_EV_REMOTE_DONE    11 /* remote-memory operation tag ended: reason = status, count = bytes */
+#define TORUS_EV_TRIPWIRE       12 /* a remote write touched tripwire tag: key = region, count = offset, len */
+#define TORUS_EV_WRITTEN        13 /* a notifying remote write landed: key = region, count = offset, len */
 
 /* Failure reasons. */
 #define TORUS_PEER_RESTARTED 1

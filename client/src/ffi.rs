@@ -112,6 +112,12 @@ pub const TORUS_EV_BUFFER_FILLED: c_int = 8;
 pub const TORUS_EV_BUFFER_MISSED: c_int = 9;
 /// Incoming messages were dropped.
 pub const TORUS_EV_OVERFLOW: c_int = 10;
+/// A remote-memory operation ended: tag = its handle, reason = its status, count = bytes.
+pub const TORUS_EV_REMOTE_DONE: c_int = 11;
+/// A remote write touched tripwire tag: key = region, count = offset, len = length.
+pub const TORUS_EV_TRIPWIRE: c_int = 12;
+/// A remote write with notification landed: key = region, count = offset, len = length.
+pub const TORUS_EV_WRITTEN: c_int = 13;
 
 /// An event, as `torus_recv` fills it.
 #[repr(C)]
@@ -427,6 +433,38 @@ fn fill(ev: &mut torus_event, e: &Event) -> Option<Vec<u8>> {
         Event::Overflow { dropped } => {
             ev.kind = TORUS_EV_OVERFLOW;
             ev.count = *dropped;
+        }
+        Event::RemoteDone { op, status, bytes } => {
+            ev.kind = TORUS_EV_REMOTE_DONE;
+            ev.tag = *op;
+            ev.reason = *status as c_int;
+            ev.count = *bytes;
+        }
+        Event::Tripwire {
+            id,
+            region,
+            offset,
+            len,
+            from,
+        } => {
+            ev.kind = TORUS_EV_TRIPWIRE;
+            ev.from = peer(*from);
+            ev.tag = *id;
+            ev.key = u64::from(*region);
+            ev.count = *offset;
+            ev.len = *len as usize;
+        }
+        Event::Written {
+            region,
+            offset,
+            len,
+            from,
+        } => {
+            ev.kind = TORUS_EV_WRITTEN;
+            ev.from = peer(*from);
+            ev.key = u64::from(*region);
+            ev.count = *offset;
+            ev.len = *len as usize;
         }
     }
     None

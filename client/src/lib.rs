@@ -25,6 +25,11 @@
 
 pub mod channel;
 pub mod ffi;
+pub mod queue;
+mod remote;
+pub mod rmem;
+
+pub use remote::{LocalRegion, RemoteOptions};
 pub mod sys;
 
 use std::collections::{HashMap, VecDeque};
@@ -211,6 +216,40 @@ pub enum Event {
         /// How many.
         dropped: u64,
     },
+    /// A remote-memory operation ended ([`Client::remote_write`], [`Client::remote_read`]).
+    RemoteDone {
+        /// The operation's handle.
+        op: u64,
+        /// How it ended.
+        status: rmem::Status,
+        /// Bytes moved.
+        bytes: u64,
+    },
+    /// A remote write touched tripwire `id` of one of this application's regions.
+    Tripwire {
+        /// The tripwire.
+        id: u64,
+        /// The region.
+        region: u32,
+        /// The write's offset in the region.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The server that wrote.
+        from: Coord,
+    },
+    /// A remote write that asked for notification landed whole in one of this
+    /// application's regions.
+    Written {
+        /// The region.
+        region: u32,
+        /// Where.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// The server that wrote.
+        from: Coord,
+    },
 }
 
 /// What went wrong.
@@ -303,18 +342,20 @@ struct Tx {
 
 /// Receive-side state (the CQ and the RX data ring).
 #[derive(Debug, Default)]
-struct Rx {
+pub(crate) struct Rx {
     /// Events read but not yet returned (while `call` waited for its reply).
-    pending: VecDeque<Event>,
+    pub(crate) pending: VecDeque<Event>,
     /// RPC replies waiting for their `call`.
     replies: HashMap<u64, Vec<u8>>,
     /// A message arriving in segments.
     partial: Option<(Cqe, Vec<u8>)>,
+    /// Capabilities torusd answered with, by request tag.
+    pub(crate) caps: HashMap<u64, Result<rmem::Capability, rmem::Status>>,
 }
 
 /// The pool's allocator: a bump pointer with a free list of equal-size blocks returned.
 #[derive(Debug, Default)]
-struct Pool {
+pub(crate) struct Pool {
     next: u64,
     free: Vec<(u64, u32)>,
     buffers: HashMap<u32, (u64, u32, bool)>,
@@ -325,7 +366,7 @@ struct Pool {
 pub struct Client {
     sock: Mutex<UnixStream>,
     // Field order matters for drop: the region points into the mapping.
-    region: Region,
+    pub(crate) region: Region,
     _map: sys::Mapping,
     app_efd: OwnedFd,
     torusd_efd: OwnedFd,
@@ -336,7 +377,7 @@ pub struct Client {
     dims: Coord,
     tx: Mutex<Tx>,
     rx: Mutex<Rx>,
-    pool: Mutex<Pool>,
+    pub(crate) pool: Mutex<Pool>,
     names: Mutex<HashMap<String, Vec<Address>>>,
     next_call: AtomicU64,
     spin: Duration,
@@ -630,12 +671,42 @@ impl Client {
         if into.is_some() {
             flags |= sflag::INTO_BUFFER;
         }
+        let tag = self.next_tag(opts.tag);
+        let mut e = Sqe {
+            op: op::SEND,
+            flags,
+            dest_kind,
+            kind: app_kind,
+            service,
+            tag,
+            dest,
+            total_len: data.len() as u32,
+            ..Sqe::default()
+        };
+        if let Some((id, cookie)) = into {
+            e.buf_id = id;
+            e.aux = cookie;
+        }
+        self.submit_entry(e, data)?;
+        Ok(tag)
+    }
+
+    /// A tag for a submission: `want`, or the next unused one.
+    pub(crate) fn next_tag(&self, want: Option<u64>) -> u64 {
+        let mut tx = self.tx.lock();
+        let tag = want.unwrap_or(tx.next_tag);
+        tx.next_tag = tx.next_tag.max(tag) + 1;
+        tag
+    }
+
+    /// Submits `template` with `data` in the TX data ring, in segments (MORE) when it is
+    /// larger than half the ring.
+    pub(crate) fn submit_entry(&self, template: Sqe, data: &[u8]) -> Result<(), Error> {
         let r = &self.region;
         let (_, txd_size) = r.txd();
         let seg = (txd_size / 2) as usize;
         let mut tx = self.tx.lock();
-        let tag = opts.tag.unwrap_or(tx.next_tag);
-        tx.next_tag = tx.next_tag.max(tag) + 1;
+        let flags = template.flags;
         let nseg = data.len().div_ceil(seg).max(1);
         let entries = r.geometry().sq_entries;
         for i in 0..nseg {
@@ -669,23 +740,12 @@ impl Client {
                 std::thread::yield_now();
             };
             r.copy_in(r.txd(), pos % txd_size, part);
-            let mut e = Sqe {
-                op: op::SEND,
+            let e = Sqe {
                 flags: if last { flags } else { flags | sflag::MORE },
-                dest_kind,
-                kind: app_kind,
-                service,
-                tag,
-                dest,
                 data_pos: pos,
                 data_len: part.len() as u32,
-                total_len: data.len() as u32,
-                ..Sqe::default()
+                ..template
             };
-            if let Some((id, cookie)) = into {
-                e.buf_id = id;
-                e.aux = cookie;
-            }
             r.write_sqe(tx.sq_tail, &e);
             tx.sq_tail = tx.sq_tail.wrapping_add(1);
             tx.txd_tail = new_tail;
@@ -693,7 +753,7 @@ impl Client {
         }
         drop(tx);
         self.kick();
-        Ok(tag)
+        Ok(())
     }
 
     /// Wakes torusd's poller if it sleeps (a syscall only then).
@@ -893,6 +953,32 @@ impl Client {
             }
             cq::BUFFER_MISSED => Parsed::Event(Event::BufferMissed { peer, tag: e.tag }),
             cq::OVERFLOW => Parsed::Event(Event::Overflow { dropped: e.count }),
+            rmem::cq::RM_DONE => Parsed::Event(Event::RemoteDone {
+                op: e.tag,
+                status: rmem::Status::from_code(e.reason),
+                bytes: e.count,
+            }),
+            rmem::cq::RM_CAP => {
+                let r = match rmem::Capability::decode(&data) {
+                    Some(c) if e.reason == 0 => Ok(c),
+                    _ => Err(rmem::Status::from_code(e.reason.max(9))),
+                };
+                rx.caps.insert(e.tag, r);
+                Parsed::Nothing
+            }
+            rmem::cq::RM_TRIPWIRE => Parsed::Event(Event::Tripwire {
+                id: e.tag,
+                region: e.extra as u32,
+                offset: e.count,
+                len: u64::from(e.total_len),
+                from: peer,
+            }),
+            rmem::cq::RM_WRITTEN => Parsed::Event(Event::Written {
+                region: e.extra as u32,
+                offset: e.count,
+                len: u64::from(e.total_len),
+                from: peer,
+            }),
             _ => Parsed::Nothing,
         }
     }
@@ -946,6 +1032,35 @@ impl Client {
                             "the request to {peer:?} failed: {reason:?}"
                         )));
                     }
+                }
+            }
+            if !self.wait_cq(Some(deadline))? {
+                return Err(Error::Timeout);
+            }
+        }
+    }
+
+    /// Reads what the CQ holds into the stash until `f` finds what it waits for, or the
+    /// deadline passes.
+    pub(crate) fn wait_until<T>(
+        &self,
+        deadline: Instant,
+        mut f: impl FnMut(&mut Rx) -> Option<T>,
+    ) -> Result<T, Error> {
+        loop {
+            {
+                let mut rx = self.rx.lock();
+                while let Some(p) = self.read_cq(&mut rx) {
+                    match p {
+                        Parsed::Event(e) => rx.pending.push_back(e),
+                        Parsed::Reply(c, d) => {
+                            rx.replies.insert(c, d);
+                        }
+                        Parsed::Nothing => {}
+                    }
+                }
+                if let Some(t) = f(&mut rx) {
+                    return Ok(t);
                 }
             }
             if !self.wait_cq(Some(deadline))? {
@@ -1014,21 +1129,28 @@ impl Client {
     /// Posts a return buffer of `len` bytes in this application's pool: a message sent into
     /// it (by a peer given its descriptor) lands there directly, and [`Event::BufferFilled`]
     /// says so. One message per posting.
+    /// `len` bytes of the pool (64-byte aligned), reusing freed blocks that fit.
+    pub(crate) fn pool_alloc(&self, pool: &mut Pool, len: u64) -> Result<u64, Error> {
+        let (_, pool_size) = self.region.pool();
+        Ok(
+            match pool.free.iter().position(|(_, l)| u64::from(*l) >= len) {
+                Some(i) => pool.free.swap_remove(i).0,
+                None => {
+                    let at = pool.next.div_ceil(64) * 64;
+                    if at + len > pool_size {
+                        return Err(Error::WouldBlock);
+                    }
+                    pool.next = at + len;
+                    at
+                }
+            },
+        )
+    }
+
     pub fn post_buffer(&self, len: u32) -> Result<ReturnBuffer, Error> {
         let r = &self.region;
-        let (_, pool_size) = r.pool();
         let mut pool = self.pool.lock();
-        let at = match pool.free.iter().position(|(_, l)| *l >= len) {
-            Some(i) => pool.free.swap_remove(i).0,
-            None => {
-                let at = pool.next.div_ceil(64) * 64;
-                if at + u64::from(len) > pool_size {
-                    return Err(Error::WouldBlock);
-                }
-                pool.next = at + u64::from(len);
-                at
-            }
-        };
+        let at = self.pool_alloc(&mut pool, u64::from(len))?;
         pool.next_id = pool.next_id.wrapping_add(1).max(1);
         let id = pool.next_id;
         let mut cookie = [0u8; 8];

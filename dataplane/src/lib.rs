@@ -11,6 +11,7 @@ pub mod loader;
 pub mod mgmt;
 pub mod netns;
 pub mod poller;
+pub mod rmem;
 pub mod runtime;
 pub mod xdp_object;
 pub mod xsk;

@@ -80,6 +80,12 @@ impl Daemon {
         }
     }
 
+    /// Runs `f` on the dataplane, once it runs (an embedding program reaches the API
+    /// through this while the daemon serves its management socket).
+    pub fn with_dataplane<R>(&self, f: impl FnOnce(&Dataplane) -> R) -> Option<R> {
+        self.dp.lock().as_ref().map(f)
+    }
+
     /// Stops the dataplane (detaching everything).
     pub fn shutdown(&self) -> Result<(), String> {
         match self.dp.lock().take() {

@@ -347,6 +347,8 @@ pub struct Shared {
     pub kv: Option<Arc<torusnet_services::kv::KvCounters>>,
     /// IP over the torus, when it runs: its settings and counters.
     pub ip: Option<(crate::ip::IpConfig, Arc<crate::ip::IpCounters>)>,
+    /// Remote memory (set once the dataplane is built).
+    pub rmem: std::sync::OnceLock<Arc<crate::rmem::Rmem>>,
     /// The memcached gateway: its address and counters.
     pub kv_gateway: Mutex<Option<(std::net::SocketAddr, Arc<crate::kvgw::GatewayCounters>)>>,
 }
@@ -697,6 +699,8 @@ pub struct Status {
     pub kv: Option<KvStatus>,
     /// IP over the torus, when it runs.
     pub ip: Option<crate::ip::IpStats>,
+    /// Remote memory.
+    pub rmem: Option<crate::rmem::RmStats>,
 }
 
 /// The key-value store's part of the status.
@@ -817,11 +821,25 @@ impl Dataplane {
                 .as_ref()
                 .map(|_| Arc::new(torusnet_services::kv::KvCounters::default())),
             kv_gateway: Mutex::new(None),
+            rmem: std::sync::OnceLock::new(),
             ip: cfg
                 .ip
                 .clone()
                 .map(|c| (c, Arc::new(crate::ip::IpCounters::default()))),
         });
+        let weak = Arc::downgrade(&shared);
+        let rm = Arc::new(crate::rmem::Rmem::new(
+            torusnet_client::channel::pack_coord(coord.x, coord.y, coord.z),
+            cfg.mtu as usize - torusnet_proto::wire::TORUS_LEN,
+            Box::new(move || {
+                if let Some(s) = weak.upgrade() {
+                    if let Some(sh) = s.shards.first() {
+                        sh.wake();
+                    }
+                }
+            }),
+        ));
+        let _ = shared.rmem.set(rm.clone());
         let mut pollers = Vec::new();
         for (shard, (umem, ports)) in umems.into_iter().zip(ports).enumerate() {
             let mut node = Node::new(coord, cfg.view.clone(), transport)
@@ -830,6 +848,11 @@ impl Dataplane {
                 // Room for a few dozen 64 KiB segments per peer before IP drops.
                 node.configure_service(crate::ip::IP, 1, 4 << 20);
             }
+            node.set_placer(
+                crate::rmem::RMEM,
+                Box::new(crate::rmem::RmemPlacer(rm.clone())),
+            );
+            node.configure_service(crate::rmem::RMEM, 1, 8 << 20);
             let journal: Option<Box<dyn std::io::Write + Send>> = match &cfg.load_journal {
                 Some(path) => Some(Box::new(
                     std::fs::OpenOptions::new()
@@ -847,6 +870,7 @@ impl Dataplane {
             let mut services = Vec::new();
             if shard == 0 {
                 services = torusnet_services::builtin::all(journal);
+                services.push(Box::new(crate::rmem::RmemService::new(rm.clone())));
                 if cfg.apps.is_some() {
                     services.push(Box::new(crate::apps::host::AppsHost::new(shared.clone())));
                 }
@@ -921,6 +945,17 @@ impl Dataplane {
         }
     }
 
+    /// Remote memory owned by embedded service `id` (64..=1023, as for [`Dataplane::service`]):
+    /// regions of the program's memory, capabilities, one-sided reads and writes, tripwires.
+    /// Everything it registered is revoked when the handle drops.
+    pub fn remote_memory(&self, id: u16) -> Option<crate::rmem::embedded::RemoteMemory> {
+        if !(64..1024).contains(&id) {
+            return None;
+        }
+        let rm = self.shared.rmem.get()?.clone();
+        Some(crate::rmem::embedded::RemoteMemory::new(rm, id))
+    }
+
     /// Queues a command for the poller that should run it.
     pub fn command(&self, c: Command) -> Result<(), Command> {
         self.shared.push(c)
@@ -987,6 +1022,7 @@ impl Dataplane {
             links,
             engine,
             apps: s.apps.status(),
+            rmem: s.rmem.get().map(|r| r.stats()),
             ip: s
                 .ip
                 .as_ref()

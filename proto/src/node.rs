@@ -341,6 +341,12 @@ impl Node {
         self.interceptors.push((service, hook));
     }
 
+    /// Lets `service` take its whole reliable messages straight from their frames (see
+    /// [`crate::transport::Placer`]).
+    pub fn set_placer(&mut self, service: u16, placer: Box<dyn crate::transport::Placer>) {
+        self.transport.set_placer(service, placer);
+    }
+
     /// Sets a service's fair-queuing weight and queue limit.
     pub fn configure_service(&mut self, service: u16, weight: u32, queue_bytes: usize) {
         self.transport

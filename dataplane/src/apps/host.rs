@@ -54,16 +54,19 @@ struct Outgoing {
     opts: MsgOptions,
 }
 
-struct App {
-    info: Arc<AppInfo>,
-    region: Region,
-    _map: Mapping,
+pub(super) struct App {
+    pub(super) info: Arc<AppInfo>,
+    pub(super) region: Region,
+    /// The channel's mapping (shared with the regions registered in its pool).
+    pub(super) map: Arc<Mapping>,
     efd: OwnedFd,
     sq_head: u32,
     cq_tail: u32,
     rxd_tail: u64,
     /// A message arriving in segments: its first entry and the bytes so far.
     assembling: Option<(Sqe, Vec<u8>)>,
+    /// A remote-memory submission arriving in segments.
+    pub(super) rm_assembling: Option<super::rmem_ops::Gathering>,
     /// A complete message the engine could not take yet.
     blocked: Option<Outgoing>,
     /// Events waiting for room in the channel (message segments one by one).
@@ -75,13 +78,13 @@ struct App {
     /// Completions written this turn (signal the application if it sleeps).
     produced: bool,
     /// The TX data consumed so far (published at the end of each batch).
-    txd_done: u64,
+    pub(super) txd_done: u64,
 }
 
 /// The host of all attached applications (lives in the first poller).
 pub struct AppsHost {
-    shared: Arc<Shared>,
-    apps: Vec<App>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) apps: Vec<App>,
     by_service: HashMap<u16, usize>,
     buf: Vec<u8>,
     /// Message buffers to reuse: a message the engine takes at once gives its buffer back,
@@ -127,12 +130,13 @@ impl AppsHost {
             self.apps.push(App {
                 info,
                 region,
-                _map: map,
+                map: Arc::new(map),
                 efd: app_efd,
                 sq_head: 0,
                 cq_tail: 0,
                 rxd_tail: 0,
                 assembling: None,
+                rm_assembling: None,
                 blocked: None,
                 backlog: VecDeque::new(),
                 backlog_bytes: 0,
@@ -152,6 +156,16 @@ impl AppsHost {
     /// Releases the channels of applications that are gone.
     fn reap(&mut self) {
         let before = self.apps.len();
+        if let Some(rm) = self.shared.rmem.get() {
+            // An application that exits takes its regions and capabilities with it.
+            for a in self
+                .apps
+                .iter()
+                .filter(|a| a.info.dead.load(Ordering::Acquire))
+            {
+                rm.remove_owner(a.info.service);
+            }
+        }
         self.apps.retain(|a| !a.info.dead.load(Ordering::Acquire));
         if self.apps.len() != before {
             self.reindex();
@@ -159,7 +173,7 @@ impl AppsHost {
     }
 
     /// Queues an event for application `i`, split into segments that fit its RX ring.
-    fn enqueue(&mut self, i: usize, mut e: Cqe, data: &[u8]) {
+    pub(super) fn enqueue(&mut self, i: usize, mut e: Cqe, data: &[u8]) {
         let a = &mut self.apps[i];
         let (_, rxd_size) = a.region.rxd();
         let seg = (rxd_size / 2) as usize;
@@ -298,6 +312,7 @@ impl AppsHost {
                 op::CANCEL_BUFFER => {
                     self.apps[i].posted.remove(&e.buf_id);
                 }
+                o if super::rmem_ops::is_rmem_op(o) => self.rm_submission(i, &e),
                 _ => {
                     self.apps[i]
                         .info
@@ -605,7 +620,7 @@ struct Incoming<'a> {
     key: Option<u64>,
 }
 
-fn pack(c: Coord) -> u64 {
+pub(super) fn pack(c: Coord) -> u64 {
     pack_coord(c.x, c.y, c.z)
 }
 
@@ -731,6 +746,7 @@ impl Service for AppsHost {
         for i in 0..self.apps.len() {
             n += self.submissions(i, now, node);
         }
+        n += self.rm_events();
         for i in 0..self.apps.len() {
             n += self.flush(i);
             let a = &mut self.apps[i];
@@ -747,7 +763,12 @@ impl Service for AppsHost {
     }
 
     fn may_sleep(&mut self) -> bool {
-        let mut idle = self.shared.apps.pending.is_empty();
+        let mut idle = self.shared.apps.pending.is_empty()
+            && !self
+                .shared
+                .rmem
+                .get()
+                .is_some_and(|r| r.pending.load(Ordering::Acquire));
         for a in &self.apps {
             let r = a.region;
             r.u32(off::TORUSD_WAITING).store(1, Ordering::SeqCst);

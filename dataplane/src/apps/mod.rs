@@ -20,6 +20,7 @@
 
 pub mod host;
 pub mod listener;
+pub mod rmem_ops;
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;

@@ -23,6 +23,9 @@ pub struct Released {
     pub service: u16,
     /// Its bytes.
     pub data: Vec<u8>,
+    /// Its service's placer took it from the frame already (`data` is what the placer
+    /// returned).
+    pub placed: bool,
 }
 
 /// Why a fragment was refused.
@@ -108,7 +111,12 @@ impl Delivery {
         }
         if self.may_deliver(msn, fences.backward, wait_for) {
             self.mark(msn);
-            out.push(Released { msn, service, data });
+            out.push(Released {
+                msn,
+                service,
+                data,
+                placed: false,
+            });
             self.release_waiting(out);
         } else {
             self.waiting.insert(
@@ -120,6 +128,39 @@ impl Delivery {
                     wait_for,
                 },
             );
+        }
+    }
+
+    /// Offers a whole message still in its frame: when it may be delivered now, `place`
+    /// takes it from the frame (no copy here) and returns what to deliver instead, if
+    /// anything; when a fence holds it, it is copied and waits like any other.
+    #[allow(clippy::too_many_arguments)]
+    pub fn offer_placed(
+        &mut self,
+        msn: u64,
+        service: u16,
+        data: &[u8],
+        fences: Fences,
+        wait_for: Option<u64>,
+        out: &mut Vec<Released>,
+        place: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>,
+    ) {
+        if self.is_delivered(msn) || self.waiting.contains_key(&msn) {
+            return;
+        }
+        if self.may_deliver(msn, fences.backward, wait_for) {
+            self.mark(msn);
+            if let Some(data) = place(data) {
+                out.push(Released {
+                    msn,
+                    service,
+                    data,
+                    placed: true,
+                });
+            }
+            self.release_waiting(out);
+        } else {
+            self.offer(msn, service, data.to_vec(), fences, wait_for, out);
         }
     }
 
@@ -211,6 +252,7 @@ impl Delivery {
                     msn,
                     service: w.service,
                     data: w.data,
+                    placed: false,
                 });
             }
         }
@@ -232,6 +274,35 @@ mod tests {
 
     fn msns(out: &[Released]) -> Vec<u64> {
         out.iter().map(|r| r.msn).collect()
+    }
+
+    #[test]
+    fn placed_messages_are_taken_from_the_frame_unless_a_fence_holds_them() {
+        let mut d = Delivery::new(1 << 20);
+        let mut out = Vec::new();
+        let mut placed: Vec<Vec<u8>> = Vec::new();
+        let mut place = |b: &[u8]| {
+            placed.push(b.to_vec());
+            Some(vec![b[0] + 100])
+        };
+        d.offer_placed(0, 8, &[0], NONE, None, &mut out, &mut place);
+        // Message 2 is backward-fenced and 1 is missing: it waits, copied, as a message.
+        d.offer_placed(2, 8, &[2], BWD, None, &mut out, &mut place);
+        d.offer_placed(1, 8, &[1], NONE, None, &mut out, &mut place);
+        d.offer_placed(1, 8, &[1], NONE, None, &mut out, &mut place);
+        assert_eq!(placed, vec![vec![0], vec![1]], "placed once each, 2 held");
+        assert_eq!(msns(&out), [0, 1, 2]);
+        assert_eq!(out[0].data, [100]);
+        assert_eq!(
+            out[2].data,
+            [2],
+            "the held one arrives as the message itself"
+        );
+        assert!(out[0].placed && out[1].placed && !out[2].placed);
+        let mut nothing = |_: &[u8]| None;
+        d.offer_placed(3, 8, &[3], NONE, None, &mut out, &mut nothing);
+        assert_eq!(out.len(), 3, "a placer may deliver nothing");
+        assert!(d.is_delivered(3));
     }
 
     #[test]

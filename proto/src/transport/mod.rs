@@ -399,9 +399,39 @@ pub struct Stats {
     pub failed_messages: u64,
 }
 
+/// A service's way to take its reliable messages straight from the frame they arrived in,
+/// when they may be delivered at once (remote memory writes bytes in place this way): it
+/// returns what to deliver to the service instead, if anything.
+pub trait Placer: Send {
+    /// Takes message `data` from `src`; `now` is the frame's arrival.
+    fn place(&mut self, now: Time, src: Coord, data: &[u8]) -> Option<Vec<u8>>;
+}
+
+/// The placers of a transport, by service.
+#[derive(Default)]
+struct Placers(Vec<(u16, Box<dyn Placer>)>);
+
+impl std::fmt::Debug for Placers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(s, _)| s))
+            .finish()
+    }
+}
+
+impl Placers {
+    fn get(&mut self, service: u16) -> Option<&mut Box<dyn Placer>> {
+        self.0
+            .iter_mut()
+            .find(|(s, _)| *s == service)
+            .map(|(_, p)| p)
+    }
+}
+
 /// The reliable transport of one server.
 #[derive(Debug)]
 pub struct Transport {
+    placers: Placers,
     local: Coord,
     cfg: Config,
     conns: FxHashMap<Coord, Connection>,
@@ -452,6 +482,7 @@ impl Transport {
     /// The transport of server `local`.
     pub fn new(local: Coord, cfg: Config) -> Transport {
         Transport {
+            placers: Placers::default(),
             local,
             cfg,
             conns: FxHashMap::default(),
@@ -518,6 +549,12 @@ impl Transport {
     }
 
     // ---- application ----
+
+    /// Lets `service` take its whole reliable messages straight from their frames.
+    pub fn set_placer(&mut self, service: u16, placer: Box<dyn Placer>) {
+        self.placers.0.retain(|(s, _)| *s != service);
+        self.placers.0.push((service, placer));
+    }
 
     /// Sets a service's fair-queuing weight (frames per turn) and queue limit in bytes.
     pub fn configure_service(&mut self, service: u16, weight: u32, queue_bytes: usize) {
@@ -829,7 +866,14 @@ impl Transport {
                     if conn.recv.cum_ack() == before {
                         self.stats.out_of_order_frames += 1;
                     }
-                    result = Self::deliver_reliable(conn, &h, &view, &mut self.released);
+                    result = Self::deliver_reliable(
+                        now,
+                        conn,
+                        &h,
+                        &view,
+                        &mut self.released,
+                        &mut self.placers,
+                    );
                 }
                 Arrival::Duplicate => self.stats.duplicate_frames += 1,
                 Arrival::OutOfWindow => result = Err(RecvError::OutOfWindow),
@@ -842,10 +886,19 @@ impl Transport {
         }
         for r in self.released.drain(..) {
             self.stats.messages_delivered += 1;
+            // A message a fence held was copied; it is placed now, in delivery order, before
+            // the next frame can place anything after it.
+            let data = match self.placers.get(r.service) {
+                Some(p) if !r.placed => match p.place(now, h.src, &r.data) {
+                    Some(d) => d,
+                    None => continue,
+                },
+                _ => r.data,
+            };
             self.events.push_back(Event::Message {
                 src: h.src,
                 service: r.service,
-                data: r.data,
+                data,
                 reliable: true,
             });
         }
@@ -968,11 +1021,14 @@ impl Transport {
     }
 
     fn deliver_reliable(
+        now: Time,
         conn: &mut Connection,
         h: &Header,
         view: &FrameView<'_>,
         out: &mut Vec<Released>,
+        placers: &mut Placers,
     ) -> Result<(), RecvError> {
+        let src = h.src;
         let base = seqnum::expand(h.msn, conn.delivery.base());
         let frame_wait =
             (h.fence != 0 && u64::from(h.fence) <= base).then(|| base - u64::from(h.fence));
@@ -984,8 +1040,21 @@ impl Transport {
                     backward: m.flags & msg_flags::BWD_FENCE != 0,
                     forward: m.flags & msg_flags::FWD_FENCE != 0,
                 };
-                conn.delivery
-                    .offer(msn, m.service, m.data.to_vec(), fences, wait_for, out);
+                match placers.get(m.service) {
+                    Some(p) => conn.delivery.offer_placed(
+                        msn,
+                        m.service,
+                        m.data,
+                        fences,
+                        wait_for,
+                        out,
+                        &mut |d| p.place(now, src, d),
+                    ),
+                    None => {
+                        conn.delivery
+                            .offer(msn, m.service, m.data.to_vec(), fences, wait_for, out)
+                    }
+                }
                 if fences.forward {
                     wait_for = Some(msn);
                 }
@@ -998,14 +1067,25 @@ impl Transport {
         };
         let (first, last) = (h.has(flags::FRAG_FIRST), h.has(flags::FRAG_LAST));
         if first && last && h.frag == 0 {
-            conn.delivery.offer(
-                base,
-                h.service,
-                view.payload().to_vec(),
-                fences,
-                frame_wait,
-                out,
-            );
+            match placers.get(h.service) {
+                Some(p) => conn.delivery.offer_placed(
+                    base,
+                    h.service,
+                    view.payload(),
+                    fences,
+                    frame_wait,
+                    out,
+                    &mut |d| p.place(now, src, d),
+                ),
+                None => conn.delivery.offer(
+                    base,
+                    h.service,
+                    view.payload().to_vec(),
+                    fences,
+                    frame_wait,
+                    out,
+                ),
+            }
             Ok(())
         } else {
             conn.delivery
