@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages torusnet builds and runs with, only those missing
 # (idempotent; runs apt-get update at most once). Needs root on a Debian-like machine.
+# --packaging: also cargo-deb, for scripts/package-deb.sh (the test command passes it).
 set -euo pipefail
 
 PACKAGES=(
@@ -34,12 +35,14 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Python modules from PyPI when missing: pytest (the binding's tests), pymemcache (a memcached
-# client nobody here wrote, against the kv gateways).
-for m in pytest pymemcache; do
+# client nobody here wrote, against the kv gateways), prometheus_client (its parser judges
+# the daemons' metrics).
+for m in pytest pymemcache prometheus_client; do
   if ! python3 -c "import $m" 2>/dev/null; then
     echo "install-deps: installing $m"
-    python3 -m pip install --quiet --disable-pip-version-check "$m" 2>/dev/null \
-      || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$m"
+    pkg=${m//_/-}
+    python3 -m pip install --quiet --disable-pip-version-check "$pkg" 2>/dev/null \
+      || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$pkg"
   fi
 done
 
@@ -47,4 +50,10 @@ export PATH="$HOME/.cargo/bin:$PATH"
 if ! command -v cargo >/dev/null; then
   echo "install-deps: cargo not found; install a Rust toolchain (1.95 stable)" >&2
   exit 1
+fi
+# cargo-deb builds the Debian package (scripts/package-deb.sh, and its test): only with
+# --packaging, so the main job does not wait for it.
+if [ "${1:-}" = "--packaging" ] && ! command -v cargo-deb >/dev/null; then
+  echo "install-deps: installing cargo-deb (about a minute)"
+  cargo install cargo-deb --locked --quiet
 fi

@@ -146,6 +146,8 @@ up() {
       echo "polling = \"$polling\""
       echo "umem_chunks = $chunks"
       echo "socket = \"$state/$x-$y-$z.sock\""
+      echo "# Prometheus metrics on the namespace's own loopback (curl from inside it)."
+      echo "metrics = \"127.0.0.1:9464\""
       for d in px:+x mx:-x py:+y my:-y pz:+z mz:-z; do
         ifname=${d%%:*}
         if ip -n "$name" link show "$ifname" >/dev/null 2>&1; then
@@ -156,6 +158,7 @@ up() {
       printf '\n[control]\nnode_id = %d\norigin = %s\n' "$idx" "$([ $idx = 0 ] && echo true || echo false)"
       echo "state_file = \"$state/$x-$y-$z.coord\""
       echo "socket = \"$state/$x-$y-$z-control.sock\""
+      echo "metrics = \"127.0.0.1:9465\""
       [ -n "$key" ] && echo "key = \"$key\""
       if [ $front = 1 ] || [ ${#kvlines[@]} -gt 0 ]; then
         printf '\n[kv]\n'

@@ -50,6 +50,9 @@ pub struct DaemonConfig {
     pub dead_after: u32,
     /// Cluster key for authenticated control frames.
     pub key: Option<Vec<u8>>,
+    /// Where the control process serves Prometheus metrics (`[control] metrics`; off when
+    /// absent).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 fn hex(s: &str) -> Option<Vec<u8>> {
@@ -149,7 +152,16 @@ impl DaemonConfig {
             Some(k) => Some(hex(k).ok_or("control.key: hex digits")?),
             None => None,
         };
+        let metrics = match c.get("metrics") {
+            None => None,
+            Some(m) => Some(
+                m.as_str()
+                    .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+                    .ok_or("control.metrics: ADDRESS:PORT (e.g. \"127.0.0.1:9465\")")?,
+            ),
+        };
         Ok(DaemonConfig {
+            metrics,
             name,
             dims,
             links,
@@ -444,6 +456,18 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
             .spawn(move || serve_status(listener, status, stop, republish))
             .map_err(|e| e.to_string())?;
     }
+    // Held until the loop ends: dropping it stops the endpoint.
+    let _metrics = match cfg.metrics {
+        Some(addr) => {
+            let status = status.clone();
+            let s =
+                torusnet_ops::metrics::serve(addr, move || crate::metrics::render(&status.lock()))
+                    .map_err(|e| format!("metrics endpoint {addr}: {e}"))?;
+            tracing::info!(address = %s.addr, "serving Prometheus metrics at /metrics");
+            Some(s)
+        }
+        None => None,
+    };
     let epoch = Instant::now();
     let now = || Time::from_nanos(epoch.elapsed().as_nanos() as u64);
     let mut publisher = cfg.dataplane.clone().map(|path| Publisher {
@@ -465,7 +489,7 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     let mut ready = false;
     let mut log: VecDeque<String> = VecDeque::new();
     let say = |log: &mut VecDeque<String>, s: String| {
-        eprintln!("torusctl daemon {}: {s}", cfg.name);
+        tracing::info!("{s}");
         log.push_back(format!("{:.3}s {s}", epoch.elapsed().as_secs_f64()));
         if log.len() > 50 {
             log.pop_front();
@@ -478,6 +502,8 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         );
     }
     let mut refused = 0u64;
+    // A flood of bad control frames costs a line every ten seconds.
+    let mut refuse_log = torusnet_ops::logging::RateLimit::new(Duration::from_secs(10), 1);
     // Miswirings stay listed (the log rolls over).
     let mut problems: Vec<String> = Vec::new();
     let mut last_status = Instant::now() - Duration::from_secs(1);
@@ -580,10 +606,28 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
                     }
                     say(&mut log, line);
                 }
-                ControlEvent::LinkUp(d) => say(&mut log, format!("link {d} up")),
-                ControlEvent::LinkDown(d) => say(&mut log, format!("link {d} down")),
-                ControlEvent::ViewChanged(v) => say(&mut log, format!("view version {v}")),
-                ControlEvent::Refused(_) => refused += 1,
+                ControlEvent::LinkUp(d) => {
+                    let _l = tracing::info_span!("link", link = %d).entered();
+                    say(&mut log, format!("link {d} up"));
+                }
+                ControlEvent::LinkDown(d) => {
+                    let _l = tracing::info_span!("link", link = %d).entered();
+                    say(&mut log, format!("link {d} down"));
+                }
+                ControlEvent::ViewChanged(v) => {
+                    let _l = tracing::info_span!("view", view_version = v).entered();
+                    say(&mut log, format!("view version {v}"));
+                }
+                ControlEvent::Refused(why) => {
+                    refused += 1;
+                    if let Some(held) = refuse_log.allow("refused", Instant::now()) {
+                        tracing::warn!(
+                            total = refused,
+                            held_back = held,
+                            "control frame refused: {why}"
+                        );
+                    }
+                }
             }
         }
         if let Some(p) = publisher.as_mut() {
@@ -770,12 +814,19 @@ fn serve_status(
                         stop.store(true, Ordering::Release);
                         json!({"ok": true})
                     }
+                    Some("log") => match req.get("level").and_then(Value::as_str) {
+                        Some(l) => match torusnet_ops::logging::set_level(l) {
+                            Ok(l) => json!({"level": l}),
+                            Err(e) => json!({"error": e}),
+                        },
+                        None => json!({"level": torusnet_ops::logging::level()}),
+                    },
                     // A (re)started torusd: publish the current view to it now.
                     Some("publish") => {
                         republish.store(true, Ordering::Release);
                         json!({"ok": true})
                     }
-                    _ => json!({"error": "unknown command (status, publish, shutdown)"}),
+                    _ => json!({"error": "unknown command (status, log, publish, shutdown)"}),
                 };
                 if writeln!(w, "{ans}").is_err() {
                     return;

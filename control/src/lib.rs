@@ -4,5 +4,7 @@
 pub mod daemon;
 pub mod doctor;
 pub mod dpclient;
+pub mod human;
+pub mod metrics;
 pub mod plan;
 pub mod query;

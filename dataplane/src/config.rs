@@ -117,6 +117,8 @@ struct Raw {
     /// start on links with several RX queues.
     #[serde(default)]
     rx_queue_steering: bool,
+    /// Where torusd serves Prometheus metrics (off when absent).
+    metrics: Option<String>,
     #[serde(default)]
     load: RawLoad,
     #[serde(default)]
@@ -239,6 +241,8 @@ pub struct NodeConfig {
     pub umem_chunks: u32,
     /// Torus frames are steered to RX queue 0 on every link (multi-queue NICs).
     pub rx_queue_steering: bool,
+    /// Where torusd serves Prometheus metrics (`None`: it does not).
+    pub metrics: Option<std::net::SocketAddr>,
     /// The control process's status socket, which torusd asks for the current view when
     /// it starts (none: no control process publishes to this torusd).
     pub control_socket: Option<PathBuf>,
@@ -446,7 +450,16 @@ impl NodeConfig {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}-control.sock")))
         });
+        let metrics = match raw.metrics.as_deref() {
+            None => None,
+            Some(a) => Some(a.parse::<std::net::SocketAddr>().map_err(|_| {
+                ConfigError::Invalid(format!(
+                    "metrics: '{a}' is not ADDRESS:PORT (e.g. 127.0.0.1:9464)"
+                ))
+            })?),
+        };
         Ok(NodeConfig {
+            metrics,
             name,
             dims,
             coord,

@@ -3,8 +3,8 @@
 //! its own thread, so the control process's standing connection never blocks a status query.
 //! Bad requests get `{"error": ...}`; the daemon keeps serving.
 //!
-//! Requests: `status`, `ping`, `bench`, `fault`, `view` (from the control process),
-//! `shutdown`; see docs/dataplane.md.
+//! Requests: `status`, `ping`, `bench`, `fault`, `view` (from the control process), `log`
+//! (read or change the log level), `shutdown`; see docs/dataplane.md.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -31,6 +31,8 @@ use crate::runtime::{Command, Dataplane};
 pub struct Daemon {
     cfg: Mutex<NodeConfig>,
     dp: Mutex<Option<Dataplane>>,
+    /// The last view adopted, as logged (a change is logged at info, a repeat at debug).
+    last_view: Mutex<String>,
     /// Set to stop the daemon.
     pub stop: AtomicBool,
 }
@@ -45,6 +47,7 @@ impl Daemon {
         Ok(Arc::new(Daemon {
             cfg: Mutex::new(cfg),
             dp: Mutex::new(dp),
+            last_view: Mutex::new(String::new()),
             stop: AtomicBool::new(false),
         }))
     }
@@ -76,6 +79,19 @@ impl Daemon {
                     })
                     .collect();
                 format!("at {:?}; {}", st.coord, links.join("; "))
+            }
+        }
+    }
+
+    /// The status (`mgmt`'s `status` answer; metrics are made from it).
+    pub fn status(&self) -> Result<Value, String> {
+        match self.dp.lock().as_ref() {
+            Some(dp) => serde_json::to_value(dp.status()).map_err(|e| e.to_string()),
+            None => {
+                let cfg = self.cfg.lock();
+                Ok(
+                    json!({"name": cfg.name, "dims": cfg.dims.to_string(), "waiting": "for a coordinate from the control process"}),
+                )
             }
         }
     }
@@ -155,9 +171,12 @@ impl Mgmt {
                     clients.fetch_add(1, Ordering::AcqRel);
                     let d = d.clone();
                     let c = clients.clone();
+                    // The daemon's span (its server name) goes with each client's thread.
+                    let span = tracing::Span::current();
                     let spawned = std::thread::Builder::new()
                         .name("torusd-mgmt".into())
                         .spawn(move || {
+                            let _in = span.enter();
                             client(stream, &d);
                             c.fetch_sub(1, Ordering::AcqRel);
                         });
@@ -269,15 +288,12 @@ const SERVICES: usize = 0;
 
 fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     let cmd = req.get("cmd").and_then(Value::as_str).unwrap_or("");
+    tracing::debug!(cmd, "management request");
     match cmd {
-        "status" => match d.dp.lock().as_ref() {
-            Some(dp) => serde_json::to_value(dp.status()).map_err(|e| e.to_string()),
-            None => {
-                let cfg = d.cfg.lock();
-                Ok(
-                    json!({"name": cfg.name, "dims": cfg.dims.to_string(), "waiting": "for a coordinate from the control process"}),
-                )
-            }
+        "status" => d.status(),
+        "log" => match req.get("level").and_then(Value::as_str) {
+            Some(l) => torusnet_ops::logging::set_level(l).map(|l| json!({"level": l})),
+            None => Ok(json!({"level": torusnet_ops::logging::level()})),
         },
         "kv" => {
             // Not under the dataplane's lock: an operation may wait for its deadline.
@@ -394,7 +410,7 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             Ok(json!({"ok": true}))
         }
         other => Err(format!(
-            "unknown command {other:?} (status, ping, bench, fault, send_keys, keys_seen, load, view, shutdown)"
+            "unknown command {other:?} (status, log, ping, bench, fault, send_keys, keys_seen, load, view, shutdown)"
         )),
     }
 }
@@ -520,6 +536,22 @@ fn apply_view(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
         view.set_link(dims.check(c).map_err(|e| e.to_string())?, dir, false)
             .map_err(|e| e.to_string())?;
     }
+    let summary = format!(
+        "servers down {}, links down {}",
+        req.get("down_servers").unwrap_or(&Value::Null),
+        req.get("down_links").unwrap_or(&Value::Null)
+    );
+    let changed = {
+        let mut last = d.last_view.lock();
+        let changed = *last != summary;
+        *last = summary.clone();
+        changed
+    };
+    if changed {
+        tracing::info!(coord = %me, "view adopted: {summary}");
+    } else {
+        tracing::debug!(coord = %me, "view re-published unchanged");
+    }
     let mut macs = [None; 6];
     if let Some(n) = req.get("neighbors").and_then(Value::as_object) {
         for (k, v) in n {
@@ -555,7 +587,11 @@ fn apply_view(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                     l.neighbor_mac = Some(m);
                 }
             }
-            *dp = Some(Dataplane::start(&cfg).map_err(|e| e.to_string())?);
+            *dp = Some(Dataplane::start(&cfg).map_err(|e| {
+                tracing::error!(coord = %me, "cannot start the dataplane: {e}");
+                e.to_string()
+            })?);
+            tracing::info!(coord = %me, "coordinate from the control process: dataplane started");
             return Ok(
                 json!({"ok": true, "started": true, "applied_us": t0.elapsed().as_micros() as u64}),
             );

@@ -1056,6 +1056,16 @@ impl Poller {
             inbox_overflow: self.overflow_drops,
             handoffs: self.handoffs,
             pollers: 1,
+            rtt: self
+                .node
+                .transport()
+                .rtts(1024)
+                .into_iter()
+                .map(|(p, d)| crate::runtime::PeerRtt {
+                    peer: p.to_string(),
+                    srtt_us: d.as_secs_f64() * 1e6,
+                })
+                .collect(),
         };
         *self.me().snapshot.lock() = snap;
     }

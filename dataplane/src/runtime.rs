@@ -239,6 +239,17 @@ pub struct EngineSnapshot {
     pub handoffs: u64,
     /// Pollers running.
     pub pollers: usize,
+    /// The transport's smoothed RTT per peer (the first 1024 measured).
+    pub rtt: Vec<PeerRtt>,
+}
+
+/// A peer's smoothed round-trip time.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PeerRtt {
+    /// The peer, x,y,z.
+    pub peer: String,
+    /// Microseconds.
+    pub srtt_us: f64,
 }
 
 /// The kernel's drop counters of one AF_XDP socket (XDP_STATISTICS).
@@ -634,6 +645,7 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         total.umem_free += s.umem_free;
         total.inbox_overflow += s.inbox_overflow;
         total.handoffs += s.handoffs;
+        total.rtt.extend(s.rtt);
     }
     total.pollers = pollers;
     total

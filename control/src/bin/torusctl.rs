@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use torusnet_control::dpclient;
+use clap::{CommandFactory, Parser, Subcommand};
 use torusnet_control::query::{self, LinkRef};
+use torusnet_control::{dpclient, human};
 use torusnet_proto::keyspace::Key;
 use torusnet_proto::topology::{Coord, Dims};
 
@@ -39,6 +39,10 @@ enum Cmd {
         hex: Option<String>,
         /// A string key: its SHA-1 is the key.
         string: Option<String>,
+        /// A short summary instead of the JSON object (the key-space spec fixes JSON as
+        /// this query's output, so JSON stays the default).
+        #[arg(long)]
+        human: bool,
     },
     /// The next-hop set from one server to another, as JSON.
     Route {
@@ -57,6 +61,10 @@ enum Cmd {
         /// A failed link, x,y,z:DIR (repeatable), down in both directions.
         #[arg(long = "down-link", value_parser = parse_link)]
         down_link: Vec<LinkRef>,
+        /// A one-line summary instead of the JSON object (JSON stays the default, as the
+        /// key-space spec fixes it).
+        #[arg(long)]
+        human: bool,
     },
     /// This server's control process and dataplane: coordinate, links, neighbours, view,
     /// counters (table, or --json).
@@ -108,8 +116,36 @@ enum Cmd {
         /// The node file.
         #[arg(long)]
         config: PathBuf,
+        /// Log filter: error, warn, info, debug, trace, or per module; default `RUST_LOG`,
+        /// else info. Changeable at run time with `torusctl log`.
+        #[arg(long)]
+        log_level: Option<String>,
     },
-    /// Ping-pong through torusd's built-in ping service (JSON).
+    /// Show or change a running daemon's log level (torusd's with --socket, the control
+    /// process's with --control).
+    Log {
+        /// torusd's management socket.
+        #[arg(long, required_unless_present = "control")]
+        socket: Option<PathBuf>,
+        /// The control process's status socket.
+        #[arg(long)]
+        control: Option<PathBuf>,
+        /// The new filter (error, warn, info, debug, trace, or per module); omitted: show it.
+        level: Option<String>,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages for torusctl and its commands into a directory.
+    Man {
+        /// Where the pages go.
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
+    /// Ping-pong through torusd's built-in ping service: a summary as ping(8) prints
+    /// (--json: the whole answer).
     Ping {
         /// torusd's management socket.
         #[arg(long)]
@@ -129,8 +165,12 @@ enum Cmd {
         /// Give up after this many milliseconds (default: 10 s plus 1 ms per round trip).
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
         timeout_ms: Option<u64>,
+        /// Print the whole answer as JSON (percentiles and a 200-point CDF).
+        #[arg(long)]
+        json: bool,
     },
-    /// A checked bulk transfer through torusd's built-in bench service (JSON).
+    /// A checked bulk transfer through torusd's built-in bench service: a summary
+    /// (--json: the whole answer).
     Bench {
         /// torusd's management socket (the sender).
         #[arg(long)]
@@ -151,6 +191,9 @@ enum Cmd {
         /// least a minute).
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
         timeout_ms: Option<u64>,
+        /// Print the whole answer as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// The key-value store through one server: get prints the value (exit 1 if missing),
     /// set and delete print what happened, stats and held print JSON.
@@ -226,6 +269,7 @@ fn run(cmd: Cmd) -> Result<String, String> {
             down,
             hex,
             string,
+            human,
         } => {
             let key = match (hex, string) {
                 (Some(h), _) => Key::from_hex(&h).map_err(|e| e.to_string())?,
@@ -233,6 +277,10 @@ fn run(cmd: Cmd) -> Result<String, String> {
                 (None, None) => return Err("give a key: --hex 40HEXDIGITS or a STRING".into()),
             };
             let a = query::key(dims, key, replicas, &down).map_err(|e| e.to_string())?;
+            if human {
+                let v = serde_json::to_value(&a).map_err(|e| e.to_string())?;
+                return Ok(human::key(&v, replicas));
+            }
             serde_json::to_string(&a)
         }
         Cmd::Route {
@@ -241,8 +289,13 @@ fn run(cmd: Cmd) -> Result<String, String> {
             to,
             down,
             down_link,
+            human,
         } => {
             let a = query::route(dims, from, to, &down, &down_link).map_err(|e| e.to_string())?;
+            if human {
+                let v = serde_json::to_value(&a).map_err(|e| e.to_string())?;
+                return Ok(human::route(&v));
+            }
             serde_json::to_string(&a)
         }
         Cmd::Status {
@@ -301,14 +354,66 @@ fn run(cmd: Cmd) -> Result<String, String> {
                 .trim_end()
                 .to_string());
         }
-        Cmd::Daemon { config } => {
+        Cmd::Daemon { config, log_level } => {
+            torusnet_ops::logging::init(log_level.as_deref())
+                .map_err(|e| format!("--log-level: {e}"))?;
             let cfg = torusnet_control::daemon::DaemonConfig::load(&config)?;
+            let span = tracing::info_span!("control", server = %cfg.name);
+            let _entered = span.enter();
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let s = stop.clone();
             ctrlc::set_handler(move || s.store(true, std::sync::atomic::Ordering::Release))
                 .map_err(|e| format!("cannot install the signal handler: {e}"))?;
-            torusnet_control::daemon::run(cfg, stop)?;
+            tracing::info!("starting");
+            if let Err(e) = torusnet_control::daemon::run(cfg, stop) {
+                tracing::error!("{e}");
+                return Err(e);
+            }
+            tracing::info!("stopped");
             return Ok(String::new());
+        }
+        Cmd::Log {
+            socket,
+            control,
+            level,
+        } => {
+            let req = match &level {
+                Some(l) => serde_json::json!({"cmd": "log", "level": l}),
+                None => serde_json::json!({"cmd": "log"}),
+            };
+            let path = socket.or(control).ok_or("give --socket or --control")?;
+            let v = dpclient::request(&path, &req, Duration::from_secs(5))?;
+            if let Some(e) = v["error"].as_str() {
+                return Err(e.to_string());
+            }
+            return Ok(format!("log level: {}", v["level"].as_str().unwrap_or("?")));
+        }
+        Cmd::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "torusctl", &mut out);
+            return String::from_utf8(out).map_err(|e| e.to_string());
+        }
+        Cmd::Man { out } => {
+            std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+            let cmd = Cli::command();
+            let mut written = Vec::new();
+            let mut page = |c: &clap::Command, name: String| -> Result<(), String> {
+                let mut buf = Vec::new();
+                // A one-shot command: the few leaked names live until it exits anyway.
+                let leaked: &'static str = name.clone().leak();
+                clap_mangen::Man::new(c.clone().name(leaked))
+                    .render(&mut buf)
+                    .map_err(|e| e.to_string())?;
+                let f = out.join(format!("{name}.1"));
+                std::fs::write(&f, buf).map_err(|e| format!("{}: {e}", f.display()))?;
+                written.push(f.display().to_string());
+                Ok(())
+            };
+            page(&cmd, "torusctl".into())?;
+            for sub in cmd.get_subcommands() {
+                page(sub, format!("torusctl-{}", sub.get_name()))?;
+            }
+            return Ok(written.join("\n"));
         }
         Cmd::Ping {
             socket,
@@ -317,11 +422,16 @@ fn run(cmd: Cmd) -> Result<String, String> {
             size,
             reliable,
             timeout_ms,
+            json,
         } => {
             let limit = timeout_ms.unwrap_or(10_000 + count.min(3_590_000));
             let req = serde_json::json!({"cmd": "ping", "to": to.to_string(), "count": count, "size": size, "reliable": reliable, "timeout_ms": limit});
-            return dpclient::request(&socket, &req, Duration::from_millis(limit + 5000))
-                .map(|v| v.to_string());
+            let v = dpclient::request(&socket, &req, Duration::from_millis(limit + 5000))?;
+            return if json {
+                Ok(v.to_string())
+            } else {
+                human::ping(&v)
+            };
         }
         Cmd::Bench {
             socket,
@@ -330,11 +440,16 @@ fn run(cmd: Cmd) -> Result<String, String> {
             size,
             fence_every,
             timeout_ms,
+            json,
         } => {
             let limit = timeout_ms.unwrap_or((bytes / 10_000).clamp(60_000, 3_600_000));
             let req = serde_json::json!({"cmd": "bench", "to": to.to_string(), "bytes": bytes, "size": size, "fence_every": fence_every, "timeout_ms": limit});
-            return dpclient::request(&socket, &req, Duration::from_millis(limit + 5000))
-                .map(|v| v.to_string());
+            let v = dpclient::request(&socket, &req, Duration::from_millis(limit + 5000))?;
+            return if json {
+                Ok(v.to_string())
+            } else {
+                human::bench(&v)
+            };
         }
         Cmd::Kv { socket, op } => return kv(&socket, op),
         Cmd::Fault { socket, link, drop } => {

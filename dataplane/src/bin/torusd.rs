@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use torusnet_dataplane::config::NodeConfig;
 use torusnet_dataplane::mgmt::{Daemon, Mgmt};
 
@@ -16,11 +16,22 @@ use torusnet_dataplane::mgmt::{Daemon, Mgmt};
 )]
 struct Args {
     /// The node's configuration file (TOML).
-    #[arg(long)]
-    config: PathBuf,
+    #[arg(long, required_unless_present_any = ["man", "completions"])]
+    config: Option<PathBuf>,
     /// Check the configuration and exit.
     #[arg(long)]
     check: bool,
+    /// Log filter: error, warn, info, debug, trace, or per module
+    /// (`torusnet_dataplane=debug,info`); default `RUST_LOG`, else info. Changeable at run
+    /// time: `torusctl log --socket S LEVEL`.
+    #[arg(long)]
+    log_level: Option<String>,
+    /// Print torusd's man page (roff) and exit.
+    #[arg(long)]
+    man: bool,
+    /// Print a completion script for SHELL (bash, zsh, fish, ...) and exit.
+    #[arg(long, value_name = "SHELL")]
+    completions: Option<clap_complete::Shell>,
 }
 
 fn main() -> ExitCode {
@@ -38,7 +49,30 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cfg = match NodeConfig::load(&args.config) {
+    if args.man {
+        let mut out = std::io::stdout();
+        return match clap_mangen::Man::new(Args::command()).render(&mut out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("torusd: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    if let Some(shell) = args.completions {
+        clap_complete::generate(
+            shell,
+            &mut Args::command(),
+            "torusd",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
+    let Some(config) = args.config else {
+        eprintln!("torusd: --config is required");
+        return ExitCode::from(2);
+    };
+    let cfg = match NodeConfig::load(&config) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("torusd: {e}");
@@ -53,52 +87,81 @@ fn main() -> ExitCode {
             });
         println!(
             "torusd: {} is valid ({} at {at} in {})",
-            args.config.display(),
+            config.display(),
             cfg.name,
             cfg.dims
         );
         return ExitCode::SUCCESS;
     }
+    if let Err(e) = torusnet_ops::logging::init(args.log_level.as_deref()) {
+        eprintln!("torusd: --log-level: {e}");
+        return ExitCode::from(2);
+    }
+    let span = tracing::info_span!("torusd", server = %cfg.name);
+    let _entered = span.enter();
     let mgmt = match Mgmt::bind(&cfg.socket) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("torusd: management socket {}: {e}", cfg.socket.display());
+            tracing::error!(socket = %cfg.socket.display(), "management socket: {e}");
             return ExitCode::from(1);
         }
     };
-    let (name, socket) = (cfg.name.clone(), cfg.socket.clone());
+    let (socket, metrics_addr) = (cfg.socket.clone(), cfg.metrics);
     if let Some(c) = &cfg.control_socket {
         torusnet_dataplane::mgmt::ask_for_view(c);
     }
     let daemon = match Daemon::new(cfg) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("torusd: {e}");
+            tracing::error!("cannot start: {e}");
             return ExitCode::from(1);
         }
     };
     {
         let d = daemon.clone();
         if let Err(e) = ctrlc::set_handler(move || d.stop.store(true, Ordering::Release)) {
-            eprintln!("torusd: cannot install the signal handler: {e}");
+            tracing::error!("cannot install the signal handler: {e}");
             return ExitCode::from(1);
         }
     }
-    eprintln!(
-        "torusd {name}: {} (management socket {})",
-        daemon.describe(),
-        socket.display()
-    );
+    // Held until exit: dropping it stops the endpoint.
+    let _metrics = match metrics_addr {
+        Some(addr) => {
+            let d = daemon.clone();
+            let render = move || match d.status() {
+                Ok(v) => torusnet_dataplane::metrics::render(&v),
+                Err(e) => format!("# status unavailable: {}\n", e.replace('\n', " ")),
+            };
+            match torusnet_ops::metrics::serve(addr, render) {
+                Ok(s) => {
+                    tracing::info!(address = %s.addr, "serving Prometheus metrics at /metrics");
+                    Some(s)
+                }
+                Err(e) => {
+                    tracing::error!(address = %addr, "metrics endpoint: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+        None => None,
+    };
+    if let Err(e) = torusnet_dataplane::watch::spawn(daemon.clone()) {
+        tracing::warn!("state changes will not be logged: {e}");
+    }
+    tracing::info!(socket = %socket.display(), "started: {}", daemon.describe());
     mgmt.serve(&daemon);
     let crashed = !daemon.healthy();
     match daemon.shutdown() {
-        Ok(()) if !crashed => ExitCode::SUCCESS,
+        Ok(()) if !crashed => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
         Ok(()) => {
-            eprintln!("torusd {name}: a poller stopped unexpectedly");
+            tracing::error!("a poller stopped unexpectedly");
             ExitCode::from(1)
         }
         Err(e) => {
-            eprintln!("torusd {name}: {e}");
+            tracing::error!("shutdown: {e}");
             ExitCode::from(1)
         }
     }

@@ -543,6 +543,15 @@ impl Transport {
                 .sum::<usize>()
     }
 
+    /// The smoothed round-trip time to every peer with a measurement (at most `max`).
+    pub fn rtts(&self, max: usize) -> Vec<(Coord, Duration)> {
+        self.conns
+            .iter()
+            .filter_map(|(p, c)| c.send.srtt().map(|r| (*p, r)))
+            .take(max)
+            .collect()
+    }
+
     /// The smoothed round-trip time to `peer`, once measured.
     pub fn srtt(&self, peer: Coord) -> Option<Duration> {
         self.conns.get(&peer).and_then(|c| c.send.srtt())
