@@ -113,6 +113,75 @@ pub fn bench(v: &Value) -> Result<String, String> {
     Ok(out)
 }
 
+/// `torusctl multicast`'s answer; `Err` when a member did not complete or got other bytes.
+pub fn multicast(v: &Value) -> Result<String, String> {
+    let list = |k: &str| -> Vec<String> {
+        v[k].as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str().map(str::to_string))
+            .collect()
+    };
+    let mut out = format!(
+        "MULTICAST {:.1} MB from {} to {} members over {} trees (depth {}, {} shared edges)\n",
+        f(&v["size"]) / 1e6,
+        v["root"].as_str().unwrap_or("?"),
+        v["members"].as_u64().unwrap_or(0),
+        v["trees"].as_u64().unwrap_or(0),
+        v["tree_depth"].as_u64().unwrap_or(0),
+        v["shared_edges"].as_u64().unwrap_or(0)
+    );
+    out += &format!(
+        "{} completed in {:.2} s; per member: min {:.2} Gb/s, median {:.2} Gb/s",
+        v["completed"].as_u64().unwrap_or(0),
+        f(&v["elapsed_s"]),
+        f(&v["min_member_gbps"]),
+        f(&v["median_member_gbps"])
+    );
+    let lost = list("lost");
+    if !lost.is_empty() {
+        out += &format!(
+            "\nlost (unreachable during the transfer): {}",
+            lost.join(" ")
+        );
+    }
+    let bad = list("checksum_mismatch");
+    let incomplete = list("incomplete");
+    if let Some(e) = v["error"].as_str() {
+        out += &format!(
+            "\nincomplete: {}\nmismatched: {}",
+            incomplete.join(" "),
+            bad.join(" ")
+        );
+        return Err(format!("{out}\nmulticast: {e}"));
+    }
+    out += "\nevery member's checksum matches the root's";
+    Ok(out)
+}
+
+/// `torusctl aggregate`'s answer.
+pub fn aggregate(v: &Value) -> Result<String, String> {
+    let out = format!(
+        "AGGREGATE ({}) rooted at {}: {} servers, {} keys, total {}, digest {}\n\
+         link bytes {:.1} kB on path vs {:.1} kB sending every record to the root ({:.0}% saved); {:.2} s, {} restart(s)",
+        v["combiner"].as_str().unwrap_or("?"),
+        v["root"].as_str().unwrap_or("?"),
+        v["servers"].as_u64().unwrap_or(0),
+        v["keys"].as_u64().unwrap_or(0),
+        v["total"].as_u64().unwrap_or(0),
+        v["digest"].as_str().unwrap_or("?"),
+        f(&v["agg_link_bytes"]) / 1e3,
+        f(&v["raw_link_bytes"]) / 1e3,
+        f(&v["saved"]) * 100.0,
+        f(&v["elapsed_s"]),
+        v["restarts"].as_u64().unwrap_or(0)
+    );
+    match v["error"].as_str() {
+        Some(e) => Err(format!("{out}\naggregate: {e}")),
+        None => Ok(out),
+    }
+}
+
 /// `torusctl key --human`.
 pub fn key(v: &Value, replicas: usize) -> String {
     let servers: Vec<String> = v["servers"]

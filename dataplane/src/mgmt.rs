@@ -286,6 +286,100 @@ fn ask(d: &Daemon, shard: usize, service: u16, request: Request) -> Result<(), S
 /// Hosted services live with the first poller.
 const SERVICES: usize = 0;
 
+/// `{"cmd":"aggregate","combiner":"sum"|"count"|"max"|"min","words":N,"vocabulary":N,
+/// "seed":N,"timeout_ms":N}`: the word-count job rooted at this server.
+fn aggregate(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    use torusnet_services::aggregate::{AggRequest, Combiner, WordCount, AGG};
+    let combiner = Combiner::parse(req.get("combiner").and_then(Value::as_str).unwrap_or("sum"));
+    if let Combiner::Named(n) = &combiner {
+        return Err(format!(
+            "combiner {n:?}: torusd has sum, count, max and min"
+        ));
+    }
+    let num = |k: &str, default: u64, max: u64| -> Result<u64, String> {
+        match req.get(k) {
+            None => Ok(default),
+            Some(v) => v
+                .as_u64()
+                .filter(|n| (1..=max).contains(n))
+                .ok_or(format!("{k}: 1..={max}")),
+        }
+    };
+    let input = WordCount {
+        // Records are made and merged in the first poller: bounded so that a job costs it
+        // milliseconds per step (a 200,000-word vocabulary takes seconds on 27 servers
+        // sharing two cores).
+        words: num("words", 100_000, 1_000_000)? as u32,
+        vocabulary: num("vocabulary", 10_000, 200_000)? as u32,
+        seed: req.get("seed").and_then(Value::as_u64).unwrap_or(1),
+    };
+    let limit = timeout(req, Duration::from_secs(60))?;
+    let (tx, rx) = mpsc::channel();
+    let r = AggRequest {
+        combiner,
+        input,
+        timeout: limit,
+        reply: tx,
+    };
+    ask(d, SERVICES, AGG, Box::new(r))?;
+    Ok(wait(rx, limit + SLACK))
+}
+
+/// `{"cmd":"multicast","group":"all"|["x,y,z",...],"file":PATH|"generate":BYTES,"seed":N,
+/// "chunk":BYTES,"timeout_ms":N}` multicasts from this server; `{"cmd":"multicast",
+/// "op":"status"}` shows the transfers this server takes part in.
+fn multicast(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    use torusnet_services::multicast::{generate, MulticastRequest, StatusRequest, MCAST};
+    if req.get("op").and_then(Value::as_str) == Some("status") {
+        let (tx, rx) = mpsc::channel();
+        ask(d, SERVICES, MCAST, Box::new(StatusRequest { reply: tx }))?;
+        return Ok(wait(rx, Duration::from_secs(5)));
+    }
+    let group = match req.get("group") {
+        None => None,
+        Some(Value::String(s)) if s == "all" => None,
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .map(|c| {
+                    c.as_str()
+                        .ok_or("group: strings x,y,z")?
+                        .parse::<Coord>()
+                        .map_err(|e| format!("group: {e}"))
+                })
+                .collect::<Result<Vec<Coord>, String>>()?,
+        ),
+        Some(_) => return Err("group: \"all\" or a list of \"x,y,z\"".into()),
+    };
+    let data = match (
+        req.get("file").and_then(Value::as_str),
+        req.get("generate").and_then(Value::as_u64),
+    ) {
+        (Some(f), None) => std::fs::read(f).map_err(|e| format!("{f}: {e}"))?,
+        (None, Some(n)) if n > 0 && n <= torusnet_services::multicast::MAX_SIZE => {
+            generate(n, req.get("seed").and_then(Value::as_u64).unwrap_or(1))
+        }
+        (None, Some(n)) => return Err(format!("generate: {n} bytes is outside 1..=8 GiB")),
+        _ => return Err("give \"file\": PATH or \"generate\": BYTES".into()),
+    };
+    let chunk = req
+        .get("chunk")
+        .and_then(Value::as_u64)
+        .unwrap_or(u64::from(torusnet_services::multicast::DEFAULT_CHUNK))
+        .clamp(1024, 1 << 20) as u32;
+    let default = Duration::from_secs((data.len() as u64 / 5_000_000).clamp(60, 3600));
+    let limit = timeout(req, default)?;
+    let (tx, rx) = mpsc::channel();
+    let r = MulticastRequest {
+        group,
+        data: Arc::new(data),
+        chunk,
+        timeout: limit,
+        reply: tx,
+    };
+    ask(d, SERVICES, MCAST, Box::new(r))?;
+    Ok(wait(rx, limit + SLACK))
+}
+
 fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     let cmd = req.get("cmd").and_then(Value::as_str).unwrap_or("");
     tracing::debug!(cmd, "management request");
@@ -365,6 +459,8 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             ask(d, SERVICES, BENCH, Box::new(b))?;
             Ok(wait(rx, limit + SLACK))
         }
+        "multicast" => multicast(req, d),
+        "aggregate" => aggregate(req, d),
         "fault" => {
             let link = req
                 .get("link")
@@ -410,7 +506,7 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             Ok(json!({"ok": true}))
         }
         other => Err(format!(
-            "unknown command {other:?} (status, log, ping, bench, fault, send_keys, keys_seen, load, view, shutdown)"
+            "unknown command {other:?} (status, log, ping, bench, multicast, aggregate, fault, send_keys, keys_seen, load, view, shutdown)"
         )),
     }
 }

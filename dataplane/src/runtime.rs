@@ -865,6 +865,9 @@ impl Dataplane {
                 Box::new(crate::rmem::RmemPlacer(rm.clone())),
             );
             node.configure_service(crate::rmem::RMEM, 1, 8 << 20);
+            // A few dozen chunks queued: the service keeps the rest until there is room.
+            node.configure_service(torusnet_services::multicast::MCAST, 1, 4 << 20);
+            node.configure_service(torusnet_services::aggregate::AGG, 1, 4 << 20);
             let journal: Option<Box<dyn std::io::Write + Send>> = match &cfg.load_journal {
                 Some(path) => Some(Box::new(
                     std::fs::OpenOptions::new()
@@ -883,6 +886,8 @@ impl Dataplane {
             if shard == 0 {
                 services = torusnet_services::builtin::all(journal);
                 services.push(Box::new(crate::rmem::RmemService::new(rm.clone())));
+                services.push(Box::new(torusnet_services::multicast::Multicast::default()));
+                services.push(Box::new(torusnet_services::aggregate::Aggregate::default()));
                 if cfg.apps.is_some() {
                     services.push(Box::new(crate::apps::host::AppsHost::new(shared.clone())));
                 }

@@ -15,6 +15,7 @@ pub mod sim;
 pub mod time;
 pub mod topology;
 pub mod transport;
+pub mod trees;
 pub mod wire;
 
 pub use keyspace::{Key, KeyPlacement};

@@ -7,9 +7,15 @@
 //!   journalled for an oracle).
 //! - [`kv`]: a replicated key-value store with hot-key cache servers, on the key space, and
 //!   the memcached protocol its gateways speak.
+//! - [`aggregate`]: Camdoop's on-path aggregation up the same trees.
+//! - [`multicast`]: CamCube's file distribution over one spanning tree per link direction.
 //! - [`names`]: the directory of service names on the key space (where an application's
 //!   service runs, for applications attached from their own processes).
 
+pub mod aggregate;
 pub mod builtin;
 pub mod kv;
+pub mod multicast;
 pub mod names;
+#[cfg(test)]
+mod testnet;

@@ -1,0 +1,241 @@
+//! Messages of the multicast service (service 9, reliable, little endian). Every `Data`
+//! carries what a server needs to join a transfer it has not heard of yet (size, chunk
+//! size, checksum, root), so a chunk that overtakes the `Start` is never lost. Decoding
+//! checks every length; nothing panics on bytes from the network.
+
+use torusnet_proto::topology::Coord;
+
+/// What every transfer's messages name it by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Transfer {
+    /// Chosen by the root.
+    pub id: u64,
+    /// The root (source).
+    pub root: Coord,
+    /// Bytes in all.
+    pub size: u64,
+    /// Bytes per chunk.
+    pub chunk: u32,
+    /// `super::checksum` of all the bytes.
+    pub checksum: u64,
+}
+
+/// One message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg<'a> {
+    /// From the root to every server: whether it is a member (relays only forward).
+    Start {
+        /// The transfer.
+        t: Transfer,
+        /// A member (delivers and reports) or a relay.
+        member: bool,
+    },
+    /// Chunk `index` (of tree `index % trees`), parent to child.
+    Data {
+        /// The transfer.
+        t: Transfer,
+        /// Its index.
+        index: u32,
+        /// Its bytes.
+        data: &'a [u8],
+    },
+    /// A child to its (new) parent in tree `tree`: the chunks of that tree it holds.
+    Have {
+        /// The transfer's id.
+        id: u64,
+        /// The tree.
+        tree: u8,
+        /// Bit `j`: the tree's `j`-th chunk (chunk `j * trees + tree`) is held.
+        bits: &'a [u8],
+    },
+    /// A member to the root: it holds everything, and the checksum it computed.
+    Done {
+        /// The transfer's id.
+        id: u64,
+        /// The checksum of what it holds.
+        checksum: u64,
+    },
+    /// From the root: the transfer is over (complete, or given up); forget it.
+    End {
+        /// The transfer's id.
+        id: u64,
+    },
+}
+
+/// Bytes of a `Data` before its chunk.
+pub const DATA_HEADER: usize = 1 + 8 + 6 + 8 + 4 + 8 + 4;
+
+fn put_t(o: &mut Vec<u8>, t: &Transfer) {
+    o.extend_from_slice(&t.id.to_le_bytes());
+    for v in t.root.to_array() {
+        o.extend_from_slice(&v.to_le_bytes());
+    }
+    o.extend_from_slice(&t.size.to_le_bytes());
+    o.extend_from_slice(&t.chunk.to_le_bytes());
+    o.extend_from_slice(&t.checksum.to_le_bytes());
+}
+
+struct R<'a>(&'a [u8]);
+
+impl<'a> R<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        (self.0.len() >= n).then(|| {
+            let (h, t) = self.0.split_at(n);
+            self.0 = t;
+            h
+        })
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|b| u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Some(u64::from_le_bytes(a))
+    }
+    fn t(&mut self) -> Option<Transfer> {
+        Some(Transfer {
+            id: self.u64()?,
+            root: Coord::new(self.u16()?, self.u16()?, self.u16()?),
+            size: self.u64()?,
+            chunk: self.u32()?,
+            checksum: self.u64()?,
+        })
+    }
+}
+
+impl Msg<'_> {
+    /// Encoded.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut o = Vec::new();
+        match self {
+            Msg::Start { t, member } => {
+                o.push(1);
+                put_t(&mut o, t);
+                o.push(u8::from(*member));
+            }
+            Msg::Data { t, index, data } => {
+                o.reserve(DATA_HEADER + data.len());
+                o.push(2);
+                put_t(&mut o, t);
+                o.extend_from_slice(&index.to_le_bytes());
+                o.extend_from_slice(data);
+            }
+            Msg::Have { id, tree, bits } => {
+                o.push(3);
+                o.extend_from_slice(&id.to_le_bytes());
+                o.push(*tree);
+                o.extend_from_slice(bits);
+            }
+            Msg::Done { id, checksum } => {
+                o.push(4);
+                o.extend_from_slice(&id.to_le_bytes());
+                o.extend_from_slice(&checksum.to_le_bytes());
+            }
+            Msg::End { id } => {
+                o.push(5);
+                o.extend_from_slice(&id.to_le_bytes());
+            }
+        }
+        o
+    }
+
+    /// Decoded (`None`: malformed).
+    pub fn decode(b: &[u8]) -> Option<Msg<'_>> {
+        let mut r = R(b);
+        let m = match r.u8()? {
+            1 => Msg::Start {
+                t: r.t()?,
+                member: r.u8()? != 0,
+            },
+            2 => Msg::Data {
+                t: r.t()?,
+                index: r.u32()?,
+                data: r.0,
+            },
+            3 => Msg::Have {
+                id: r.u64()?,
+                tree: r.u8()?,
+                bits: r.0,
+            },
+            4 => Msg::Done {
+                id: r.u64()?,
+                checksum: r.u64()?,
+            },
+            5 => Msg::End { id: r.u64()? },
+            _ => return None,
+        };
+        Some(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_garbage() {
+        let t = Transfer {
+            id: 7,
+            root: Coord::new(1, 2, 3),
+            size: 1 << 30,
+            chunk: 65536,
+            checksum: 99,
+        };
+        let all = [
+            Msg::Start { t, member: true },
+            Msg::Data {
+                t,
+                index: 5,
+                data: b"abc",
+            },
+            Msg::Have {
+                id: 7,
+                tree: 3,
+                bits: &[0xff, 1],
+            },
+            Msg::Done {
+                id: 7,
+                checksum: 99,
+            },
+            Msg::End { id: 7 },
+        ];
+        for m in &all {
+            assert_eq!(Msg::decode(&m.encode()).as_ref(), Some(m));
+        }
+        assert_eq!(
+            Msg::Data {
+                t,
+                index: 0,
+                data: &[]
+            }
+            .encode()
+            .len(),
+            DATA_HEADER
+        );
+        let mut rng = torusnet_proto::rng::SplitMix64::new(9);
+        for _ in 0..20_000 {
+            let n = rng.below(64) as usize;
+            let b: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
+            let _ = Msg::decode(&b);
+        }
+        for m in &all {
+            let e = m.encode();
+            for cut in 0..e.len().min(DATA_HEADER) {
+                let short = Msg::decode(&e[..cut]);
+                assert!(
+                    short.is_none() || matches!(short, Some(Msg::Data { .. } | Msg::Have { .. })),
+                    "{cut}"
+                );
+            }
+        }
+    }
+}
