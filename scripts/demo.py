@@ -195,6 +195,31 @@ def remote_memory():
           f"{v['queue_per_s']:.0f}/s (docs/remote-memory.md)")
 
 
+def trees():
+    """Multicast over the six trees, and the word count merged on path (Camdoop)."""
+    section("trees: 50 MB multicast from 0,0,0 to the 26 others; a word count merged on the way to 1,1,1")
+    try:
+        v = ask((0, 0, 0), {"cmd": "multicast", "generate": 50_000_000, "seed": 7})
+    except (OSError, RuntimeError, ValueError) as e:
+        v = {"error": str(e)}
+    if "error" in v:
+        print(f"   multicast: {v['error']}")
+    else:
+        print(f"   {v['completed']} of {v['members']} members hold all 50 MB (checksums match: "
+              f"{not v['checksum_mismatch']}) after {v['elapsed_s']:.1f} s, over {v['trees']} trees of depth "
+              f"{v['tree_depth']} sharing no link; min {v['min_member_gbps']:.2f} Gb/s per member")
+    try:
+        a = ask((1, 1, 1), {"cmd": "aggregate", "words": 300_000, "vocabulary": 20_000, "seed": 3})
+    except (OSError, RuntimeError, ValueError) as e:
+        a = {"error": str(e)}
+    if "error" in a:
+        print(f"   aggregate: {a['error']}")
+    else:
+        print(f"   word count over {a['servers']} servers: {a['keys']} words, {a['total']} in all; "
+              f"{a['agg_link_bytes'] / 1e3:.0f} kB crossed links instead of {a['raw_link_bytes'] / 1e3:.0f} kB "
+              f"({a['saved'] * 100:.0f}% saved by merging on path; docs/trees.md)")
+
+
 def front(c):
     """Server c's address on the clients' network (netns-torus.sh --front)."""
     i = c[0] + 3 * (c[1] + 3 * c[2])
@@ -328,6 +353,7 @@ def main():
     restart_torusd(src)
     applications()
     remote_memory()
+    trees()
     key_value()
     ip_over_torus()
 

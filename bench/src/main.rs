@@ -17,6 +17,7 @@ mod sim;
 mod stack;
 mod transport;
 mod transport_cost;
+mod trees;
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +51,9 @@ enum Cmd {
     /// The key-value store under memaslap: torus vs the same store over TCP through a switch
     /// vs one memcached, set- and get-heavy, cache on and off (about 4 minutes).
     Kv(kv::Args),
+    /// Multicast over the six trees vs unicast in turn and one link's rate, aggregation's
+    /// link bytes; the same in the simulator at 512 servers (about 3 minutes).
+    Trees(trees::Args),
     /// Remote memory (64 KiB remote writes, 64 B remote reads, the message queue) vs reliable
     /// messages of the same size on the same link (about 1 minute).
     Rmem(rmem::Args),
@@ -87,6 +91,7 @@ fn main() {
         Cmd::Kv(a) => kv::run(&a),
         Cmd::Ip(a) => ip::run(&a),
         Cmd::Rmem(a) => rmem::run(&a),
+        Cmd::Trees(a) => trees::run(&a),
         Cmd::IpMesh(a) => ip::run_mesh(&a),
         Cmd::KvNode(a) => kvtcp::run_node(&a),
         Cmd::Apps(a) => apps::run(&a),

@@ -206,6 +206,17 @@ impl Sim {
         self.up[i]
     }
 
+    /// Server `i`'s engine, to configure it (service weights and queues).
+    pub fn node_mut(&mut self, i: usize) -> &mut Node {
+        &mut self.nodes[i]
+    }
+
+    /// Server `i` as a service hosted on it sees the engine: what it sends goes out through
+    /// the simulator at once. Services run in the simulator exactly as in torusd.
+    pub fn engine(&mut self, i: usize) -> SimEngine<'_> {
+        SimEngine { sim: self, i }
+    }
+
     fn wake(&mut self, node: usize, at: Time) {
         if self.wake_at[node].is_some_and(|t| t <= at && t >= self.now) {
             return;
@@ -494,6 +505,65 @@ impl Sim {
         self.now = self.now.max(until);
     }
 
+    /// Runs until `until` with `svc[i]` hosted on server `i`, as torusd hosts its services:
+    /// every `step` of simulated time, each service gets the events for its ids (and the
+    /// view's) and is polled when its timer is due. Returns the other events.
+    pub fn run_services<S: crate::service::Service>(
+        &mut self,
+        until: Time,
+        step: Duration,
+        svc: &mut [S],
+    ) -> Vec<(Time, usize, Event)> {
+        let mut other = Vec::new();
+        while self.now < until {
+            let next = (self.now + step).min(until);
+            let mut evs = Vec::new();
+            self.run_until(next, |t, i, e| evs.push((t, i, e)));
+            let now = self.now;
+            for (t, i, e) in evs {
+                let mine = match &e {
+                    Event::Message { service, .. }
+                    | Event::Acked { service, .. }
+                    | Event::Failed { service, .. } => svc.get(i).is_some_and(|s| s.owns(*service)),
+                    _ => true,
+                };
+                if !self.up[i] || i >= svc.len() {
+                    continue;
+                }
+                if mine {
+                    let mut eng = self.engine(i);
+                    svc[i].on_event(now, &e, &mut eng);
+                }
+                if !matches!(
+                    e,
+                    Event::Message { .. } | Event::Acked { .. } | Event::Failed { .. }
+                ) || !mine
+                {
+                    other.push((t, i, e));
+                }
+            }
+            let mut any = false;
+            for i in 0..svc.len().min(self.nodes.len()) {
+                if !self.up[i] {
+                    continue;
+                }
+                match svc[i].poll_timeout() {
+                    Some(t) if t <= now => {
+                        let mut eng = self.engine(i);
+                        svc[i].poll(now, &mut eng);
+                        any = true;
+                    }
+                    Some(_) => any = true,
+                    None => {}
+                }
+            }
+            if !any && self.heap.is_empty() && self.serviced.is_empty() {
+                break;
+            }
+        }
+        other
+    }
+
     /// Starts loading the header of the frame the next event delivers. Frames wait on links
     /// long enough to leave the cache, so reading a header is a memory miss per hop; issued
     /// one event ahead, it overlaps with this event's work instead of stalling the next.
@@ -555,6 +625,46 @@ impl Sim {
         if !passed_on {
             self.service(n);
         }
+    }
+}
+
+/// One server of the simulator as an [`Engine`](crate::service::Engine) for its services.
+pub struct SimEngine<'a> {
+    sim: &'a mut Sim,
+    i: usize,
+}
+
+impl crate::service::Engine for SimEngine<'_> {
+    fn local(&self) -> Coord {
+        self.sim.nodes[self.i].local()
+    }
+    fn dims(&self) -> Dims {
+        self.sim.cfg.dims
+    }
+    fn incarnation(&self) -> u64 {
+        self.sim.nodes[self.i].transport().config().incarnation
+    }
+    fn is_reachable(&self, c: Coord) -> bool {
+        self.sim.nodes[self.i].routes().is_reachable(c)
+    }
+    fn distance(&self, c: Coord) -> Option<u32> {
+        self.sim.nodes[self.i].routes().distance(c)
+    }
+    fn key_root(&self, key: u64) -> Option<Coord> {
+        self.sim.nodes[self.i].key_root(key)
+    }
+    fn send(
+        &mut self,
+        _now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: MsgOptions,
+    ) -> Result<(), SendError> {
+        self.sim.send(self.i, target, service, data, opts)
+    }
+    fn notify_acks(&mut self, service: u16, on: bool) {
+        self.sim.nodes[self.i].notify_acks(service, on);
     }
 }
 
