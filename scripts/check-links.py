@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Checks that the repository stands alone: no tracked file mentions the workplace's
-../shared directory, and every relative link in a Markdown file points at a file inside
+"""Checks that the repository stands alone: no tracked file mentions files of the
+workplace outside it (../shared, its seeds, its design and spec pages), and every relative link in a Markdown file points at a file inside
 the repository that exists. Prints each offence; exit 1 if there is any."""
 import os
 import re
@@ -26,10 +26,11 @@ def main():
             text = open(full, encoding="utf-8").read()
         except (UnicodeDecodeError, OSError):
             continue
-        if path != me and "../shared" in text:
+        if path != me:
             for n, line in enumerate(text.splitlines(), 1):
-                if "../shared" in line:
-                    bad.append(f"{path}:{n}: mentions ../shared, outside the repository")
+                for outside in ("../shared", "shared/seeds", "SPEC-keyspace", "DESIGN.md"):
+                    if outside in line:
+                        bad.append(f"{path}:{n}: mentions {outside}, outside the repository")
         if not path.endswith(".md"):
             continue
         for m in LINK.finditer(text):

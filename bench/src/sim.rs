@@ -167,7 +167,7 @@ fn rss_kib() -> f64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 enum Load {
-    /// CamCube's method (camcubeos.txt 4.2.3): no flow control; every server sends
+    /// CamCube's method (CamCubeOS paper 4.2.3): no flow control; every server sends
     /// unreliable 8 KB packets at the expected (analytic) per-server rate.
     Paced,
     /// Every server keeps its reliable transport's send queue full: flow control,

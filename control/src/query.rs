@@ -1,5 +1,5 @@
 //! Offline answers to "where does this key live?" and "which links lead to that server?",
-//! computed from dimensions and a list of failures exactly as SPEC-keyspace.md says, and
+//! computed from dimensions and a list of failures exactly as docs/keyspace.md says, and
 //! shaped as the JSON objects `torusctl key` and `torusctl route` print.
 
 use std::collections::HashSet;

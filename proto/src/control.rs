@@ -1,5 +1,5 @@
 //! The control plane of one server, sans-IO (CamCube's bootstrap and link state,
-//! camcubeos.txt 3.1-3.3): coordinates from a wiring plan, neighbour discovery and miswiring
+//! CamCubeOS paper 3.1-3.3): coordinates from a wiring plan, neighbour discovery and miswiring
 //! checks, hellos and failure detection per link, and a flooded link-state database from
 //! which every server computes the whole torus's live-link view.
 //!

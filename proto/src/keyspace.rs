@@ -1,4 +1,4 @@
-//! The key -> server mapping of shared/SPEC-keyspace.md: 160-bit keys, the routing key, the
+//! The key -> server mapping of docs/keyspace.md: 160-bit keys, the routing key, the
 //! home server, the facet/order table, the candidate sequence and `GetServersForKey`.
 //!
 //! Everything here is a pure function of the dimensions and the key, except the final

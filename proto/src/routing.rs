@@ -1,4 +1,4 @@
-//! Shortest-path routing over the live links of a link-state view (SPEC-keyspace.md,
+//! Shortest-path routing over the live links of a link-state view (docs/keyspace.md,
 //! "Shortest-path routing").
 //!
 //! A [`LinkView`] says which servers and links are up. A [`RouteTable`] is one server's

@@ -1,7 +1,7 @@
 //! A packet-level discrete-event simulator of a whole torus, driving the project's own
 //! engines (`node::Node`: routing, forwarding, key routing, aggregation, the transport) over
 //! simulated links with a line rate, a propagation delay, an MTU and a transmit queue, as
-//! CamCube evaluated scale (camcubeos.txt 4.1, 4.2.3-4.2.5). Nothing here re-implements a
+//! CamCube evaluated scale (CamCubeOS paper 4.1, 4.2.3-4.2.5). Nothing here re-implements a
 //! protocol: it only moves frames between engines and keeps time.
 
 use std::cmp::Reverse;

@@ -1,4 +1,4 @@
-//! Torus dimensions, server coordinates and the six link directions (SPEC-keyspace.md,
+//! Torus dimensions, server coordinates and the six link directions (docs/keyspace.md,
 //! "Torus and coordinates").
 
 use std::fmt;

@@ -1,5 +1,5 @@
 //! Spanning trees rooted at one server for multicast and aggregation (CamCube's file
-//! distribution and Camdoop, camcubeos.txt 6.1-6.2): one tree per link direction of the
+//! distribution and Camdoop, CamCubeOS paper 6.1-6.2): one tree per link direction of the
 //! torus (six in 3D), built so that every tree edge is one physical link and, when nothing
 //! has failed, no directed link carries two trees; a root then sends on all its links at
 //! once and every server receives on all of its.

@@ -1,4 +1,4 @@
-//! An independent brute-force model of SPEC-keyspace.md, written from the spec's text with
+//! An independent brute-force model of docs/keyspace.md, written from the spec's text with
 //! none of the crate's code: plain tuples, full candidate sequences built with linear
 //! searches, and breadth-first searches over an explicit adjacency list. Slow and obvious,
 //! so that the real implementation can be checked against it.

@@ -1,4 +1,4 @@
-//! `aggregate` (service 10): Camdoop's on-path aggregation (camcubeos.txt 6.2). Every
+//! `aggregate` (service 10): Camdoop's on-path aggregation (CamCubeOS paper 6.2). Every
 //! server holds key/value records; they flow up the [`Trees`] rooted at the job's root
 //! (records split over the trees by key, so all the root's links carry a share), and every
 //! server merges what its children send with its own records before sending one partial

@@ -1,4 +1,4 @@
-//! `multicast` (service 9): CamCube's file distribution (camcubeos.txt 6.1). The root cuts
+//! `multicast` (service 9): CamCube's file distribution (CamCubeOS paper 6.1). The root cuts
 //! the bytes into chunks and sends chunk `i` down tree `i % k` of the
 //! [`Trees`](torusnet_proto::trees::Trees) rooted at it (one tree per link direction, each
 //! edge one link, no link carrying two trees when nothing failed), so the root sends on all
