@@ -3,9 +3,9 @@
 # (unit, property, seeded fuzz, command-line, and, as root, the network-namespace tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh --packaging
 # The repository stands alone: no file points outside it.
 python3 scripts/check-links.py
-bash scripts/install-deps.sh --packaging
 export PATH="$HOME/.cargo/bin:$PATH"
 # The end-to-end tests start the release binaries, so build everything first.
 cargo build --workspace --release --all-targets
