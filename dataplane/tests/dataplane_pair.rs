@@ -12,9 +12,11 @@ use torusnet_proto::harness::payload;
 use torusnet_proto::node::{Event, MsgOptions, Target};
 use torusnet_proto::topology::{Coord, Dir};
 
-fn config(coord: &str, links: &[(&str, &str, [u8; 6])], mtu: u32) -> NodeConfig {
+/// A node file; `name` is unique per test, so that tests running at once never share a
+/// socket path (the application socket is named after it).
+fn config(name: &str, coord: &str, links: &[(&str, &str, [u8; 6])], mtu: u32) -> NodeConfig {
     let mut t = format!(
-        "dims = \"2x1x1\"\ncoord = \"{coord}\"\nmtu = {mtu}\npolling = \"adaptive\"\numem_chunks = 4096\n"
+        "name = \"{name}\"\ndims = \"2x1x1\"\ncoord = \"{coord}\"\nmtu = {mtu}\npolling = \"adaptive\"\numem_chunks = 4096\n"
     );
     for (ifname, dir, mac) in links {
         t += &format!(
@@ -54,8 +56,8 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
         la.push(("a-mx", "-x", mac(&nb, "b-px")));
         lb.push(("b-px", "+x", mac(&na, "a-mx")));
     }
-    let ca = config("0,0,0", &la, mtu);
-    let cb = config("1,0,0", &lb, mtu);
+    let ca = config(&format!("tnpa{tag}"), "0,0,0", &la, mtu);
+    let cb = config(&format!("tnpb{tag}"), "1,0,0", &lb, mtu);
     let (a_name, b_name) = (na.name().to_string(), nb.name().to_string());
     let b = std::thread::spawn(move || {
         enter(&b_name).unwrap();
