@@ -460,10 +460,13 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     let _metrics = match cfg.metrics {
         Some(addr) => {
             let status = status.clone();
+            // Bound from its own thread, retrying while a killed predecessor's socket is
+            // still being torn down.
             let s =
-                torusnet_ops::metrics::serve(addr, move || crate::metrics::render(&status.lock()))
-                    .map_err(|e| format!("metrics endpoint {addr}: {e}"))?;
-            tracing::info!(address = %s.addr, "serving Prometheus metrics at /metrics");
+                torusnet_ops::metrics::serve_retrying(addr, Duration::from_secs(10), move || {
+                    crate::metrics::render(&status.lock())
+                })
+                .map_err(|e| format!("metrics endpoint {addr}: {e}"))?;
             Some(s)
         }
         None => None,

@@ -208,6 +208,51 @@ pub fn serve(
     })
 }
 
+/// As [`serve`], but binding from the endpoint's own thread, retrying for `within` while the
+/// address is in use: a daemon restarted at once after a kill starts while the kernel still
+/// tears down its predecessor's socket (a killed process's threads exit one by one), and its
+/// dataplane must not wait for that. Gives up with an error in the log.
+pub fn serve_retrying(
+    addr: SocketAddr,
+    within: Duration,
+    render: impl Fn() -> String + Send + 'static,
+) -> std::io::Result<Server> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            let start = Instant::now();
+            let listener = loop {
+                match TcpListener::bind(addr).and_then(|l| l.set_nonblocking(true).map(|()| l)) {
+                    Ok(l) => break l,
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && start.elapsed() < within => {
+                        if s.load(Ordering::Acquire) {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(e) => {
+                        tracing::error!(address = %addr, "metrics endpoint: {e}; no metrics are served");
+                        return;
+                    }
+                }
+            };
+            tracing::info!(address = %addr, "serving Prometheus metrics at /metrics");
+            while !s.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((stream, _)) => answer(stream, &render),
+                    Err(_) => wait_readable(listener.as_raw_fd(), 250),
+                }
+            }
+        })?;
+    Ok(Server {
+        stop,
+        thread: Some(thread),
+        addr,
+    })
+}
+
 fn wait_readable(fd: i32, ms: i32) {
     let mut p = libc::pollfd {
         fd,
@@ -322,6 +367,30 @@ mod tests {
         assert!(t.contains("torusnet_link_up{link=\"+y\"} 1"));
         assert!(t.contains("torusnet_link_xdp_drop_bad_total{link=\"+y\"} 2"));
         assert!(!t.contains("name"));
+    }
+
+    #[test]
+    fn waits_for_a_predecessor_to_let_go_of_the_address() {
+        let held = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = held.local_addr().expect("addr");
+        let s =
+            serve_retrying(addr, Duration::from_secs(5), || "up 1\n".to_string()).expect("spawn");
+        std::thread::sleep(Duration::from_millis(300));
+        drop(held);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let body = loop {
+            if let Ok(mut c) = TcpStream::connect(s.addr) {
+                c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").expect("send");
+                let mut out = String::new();
+                let _ = c.read_to_string(&mut out);
+                if out.starts_with("HTTP/1.1 200") {
+                    break out;
+                }
+            }
+            assert!(Instant::now() < deadline, "never served");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(body.ends_with("up 1\n"));
     }
 
     #[test]

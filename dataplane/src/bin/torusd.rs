@@ -132,11 +132,14 @@ fn main() -> ExitCode {
                 Ok(v) => torusnet_dataplane::metrics::render(&v),
                 Err(e) => format!("# status unavailable: {}\n", e.replace('\n', " ")),
             };
-            match torusnet_ops::metrics::serve(addr, render) {
-                Ok(s) => {
-                    tracing::info!(address = %s.addr, "serving Prometheus metrics at /metrics");
-                    Some(s)
-                }
+            // Bound from its own thread: the dataplane serves at once after a restart even
+            // while the previous process's socket is still being torn down.
+            match torusnet_ops::metrics::serve_retrying(
+                addr,
+                std::time::Duration::from_secs(10),
+                render,
+            ) {
+                Ok(s) => Some(s),
                 Err(e) => {
                     tracing::error!(address = %addr, "metrics endpoint: {e}");
                     return ExitCode::from(1);
