@@ -1126,9 +1126,6 @@ impl Client {
         }
     }
 
-    /// Posts a return buffer of `len` bytes in this application's pool: a message sent into
-    /// it (by a peer given its descriptor) lands there directly, and [`Event::BufferFilled`]
-    /// says so. One message per posting.
     /// `len` bytes of the pool (64-byte aligned), reusing freed blocks that fit.
     pub(crate) fn pool_alloc(&self, pool: &mut Pool, len: u64) -> Result<u64, Error> {
         let (_, pool_size) = self.region.pool();
@@ -1147,6 +1144,9 @@ impl Client {
         )
     }
 
+    /// Posts a return buffer of `len` bytes in this application's pool: a message sent into
+    /// it (by a peer given its descriptor) lands there directly, and [`Event::BufferFilled`]
+    /// says so. One message per posting.
     pub fn post_buffer(&self, len: u32) -> Result<ReturnBuffer, Error> {
         let r = &self.region;
         let mut pool = self.pool.lock();

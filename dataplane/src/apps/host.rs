@@ -549,6 +549,11 @@ impl AppsHost {
         t.copy_from_slice(&body[12..20]);
         let tag = u64::from_le_bytes(t);
         let data = &body[INTO_BUFFER_HEADER..];
+        // The owner may have posted the buffer just before the message arrived, its
+        // submission not yet read: read its submissions before calling the buffer missing.
+        if !self.apps[i].posted.contains_key(&id) {
+            self.submissions(i, now, node);
+        }
         let a = &mut self.apps[i];
         let fits = a
             .posted
