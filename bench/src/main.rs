@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod apps;
 mod baseline;
+mod churn;
 mod ip;
 mod kv;
 mod kvtcp;

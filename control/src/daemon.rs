@@ -48,6 +48,9 @@ pub struct DaemonConfig {
     pub hello: Duration,
     /// Missed hellos before a link is down.
     pub dead_after: u32,
+    /// How long a (re)joining server relays before taking its keys (`[control]
+    /// join_holddown_ms`; the protocol's default when absent).
+    pub join_holddown: Option<Duration>,
     /// Cluster key for authenticated control frames.
     pub key: Option<Vec<u8>>,
     /// Where the control process serves Prometheus metrics (`[control] metrics`; off when
@@ -148,6 +151,17 @@ impl DaemonConfig {
                 "control.dead_after: {dead_after} is outside 1..=100"
             ));
         }
+        let join_holddown = match c.get("join_holddown_ms") {
+            None => None,
+            Some(x) => match x.as_integer() {
+                Some(ms @ 0..=60_000) => Some(Duration::from_millis(ms as u64)),
+                _ => {
+                    return Err(format!(
+                        "control.join_holddown_ms: {x} is not a whole number of ms in 0..=60000"
+                    ))
+                }
+            },
+        };
         let key = match c.get("key").and_then(|x| x.as_str()) {
             Some(k) => Some(hex(k).ok_or("control.key: hex digits")?),
             None => None,
@@ -172,6 +186,7 @@ impl DaemonConfig {
             dataplane,
             hello: Duration::from_millis(hello_ms as u64),
             dead_after: dead_after as u32,
+            join_holddown,
             key,
         })
     }
@@ -399,6 +414,7 @@ fn view_message(node: &ControlNode, version: u64, view: &LinkView) -> Option<Val
             neighbors.insert(d.name().to_string(), json!(fmt_mac(n.mac)));
         }
     }
+    let joining: Vec<String> = view.joining().map(|c| c.to_string()).collect();
     Some(json!({
         "cmd": "view",
         "version": version,
@@ -407,6 +423,7 @@ fn view_message(node: &ControlNode, version: u64, view: &LinkView) -> Option<Val
         "neighbors": neighbors,
         "down_servers": down_servers,
         "down_links": down_links,
+        "joining": joining,
     }))
 }
 
@@ -427,6 +444,13 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(1);
+    // The control plane's clock starts now; take-over instants travel as wall-clock times
+    // measured from the same moment.
+    let epoch = Instant::now();
+    let epoch_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let mut cc = ControlConfig::new(
         cfg.node_id,
         cfg.dims,
@@ -438,6 +462,10 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     cc.dead_after = cfg.dead_after;
     cc.key = cfg.key.clone();
     cc.incarnation = incarnation;
+    cc.epoch_unix_ns = epoch_unix_ns;
+    if let Some(h) = cfg.join_holddown {
+        cc.join_holddown = h;
+    }
     let refresh = cc.refresh;
     let mut node = ControlNode::new(cc);
 
@@ -471,7 +499,6 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         }
         None => None,
     };
-    let epoch = Instant::now();
     let now = || Time::from_nanos(epoch.elapsed().as_nanos() as u64);
     let mut publisher = cfg.dataplane.clone().map(|path| Publisher {
         path,

@@ -99,6 +99,7 @@ pub fn render(status: &Value) -> String {
         "forwarded",
         "key_delivered",
         "intercepted",
+        "key_no_root",
         "inbox_overflow",
         "handoffs",
     ] {

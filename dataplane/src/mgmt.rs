@@ -632,10 +632,26 @@ fn apply_view(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
         view.set_link(dims.check(c).map_err(|e| e.to_string())?, dir, false)
             .map_err(|e| e.to_string())?;
     }
+    // Servers that relay but do not take keys yet (absent from older control processes).
+    for s in req
+        .get("joining")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let c: Coord = s
+            .as_str()
+            .ok_or("joining: strings x,y,z")?
+            .parse()
+            .map_err(|e| format!("joining: {e}"))?;
+        view.set_joining(dims.check(c).map_err(|e| e.to_string())?, true)
+            .map_err(|e| e.to_string())?;
+    }
     let summary = format!(
-        "servers down {}, links down {}",
+        "servers down {}, links down {}, joining {}",
         req.get("down_servers").unwrap_or(&Value::Null),
-        req.get("down_links").unwrap_or(&Value::Null)
+        req.get("down_links").unwrap_or(&Value::Null),
+        req.get("joining").unwrap_or(&Value::Null)
     );
     let changed = {
         let mut last = d.last_view.lock();

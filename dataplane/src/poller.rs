@@ -102,6 +102,9 @@ impl Engine for Routed<'_> {
     fn is_reachable(&self, c: torusnet_proto::topology::Coord) -> bool {
         self.node.routes().is_reachable(c)
     }
+    fn takes_keys(&self, c: torusnet_proto::topology::Coord) -> bool {
+        self.node.routes().takes_keys(c)
+    }
     fn distance(&self, c: torusnet_proto::topology::Coord) -> Option<u32> {
         self.node.routes().distance(c)
     }
@@ -1029,6 +1032,7 @@ impl Poller {
             forwarded: ns.forwarded,
             key_delivered: ns.key_delivered,
             intercepted: ns.intercepted,
+            key_no_root: ns.key_no_root,
             xdp: self
                 .ports
                 .iter()

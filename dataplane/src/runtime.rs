@@ -223,6 +223,8 @@ pub struct EngineSnapshot {
     pub key_delivered: u64,
     /// Frames seen by on-path services.
     pub intercepted: u64,
+    /// Key-routed messages dropped at their source: no server took keys in its view.
+    pub key_no_root: u64,
     /// XDP program counters per link (link index, counters).
     pub xdp: Vec<(usize, XdpCounters)>,
     /// The kernel's AF_XDP socket statistics per link (link index, counters).
@@ -640,6 +642,7 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         total.forwarded += s.forwarded;
         total.key_delivered += s.key_delivered;
         total.intercepted += s.intercepted;
+        total.key_no_root += s.key_no_root;
         total.xdp.extend(s.xdp);
         total.xsk.extend(s.xsk);
         total.umem_free += s.umem_free;

@@ -55,6 +55,19 @@ pub struct ControlConfig {
     /// First sequence number of this incarnation (e.g. milliseconds since the epoch), so a
     /// restarted server's records are newer than its old ones.
     pub incarnation: u64,
+    /// How long a server that comes (back) up relays traffic before it takes its keys. Its
+    /// record carries the instant it takes them, so every server that has the record by
+    /// then hands the keys over at the same moment: no key has two roots while the news
+    /// spreads (the flood must reach everyone within this time).
+    pub join_holddown: Duration,
+    /// How long a change waits before the view is recomputed, so that the records a
+    /// single event sets off (a dead server's neighbours all report it) cost one
+    /// recomputation, not one each; OSPF's SPF delay. Take-over instants do not wait.
+    pub spf_delay: Duration,
+    /// The wall-clock time (nanoseconds since the Unix epoch) of this control plane's
+    /// `Time::ZERO`: take-over instants travel as wall-clock times, so servers with
+    /// synchronised clocks agree on them (a simulation gives every server the same epoch).
+    pub epoch_unix_ns: u64,
 }
 
 impl ControlConfig {
@@ -73,6 +86,9 @@ impl ControlConfig {
             election_delay: Duration::from_secs(1),
             key: None,
             incarnation: 0,
+            join_holddown: Duration::from_millis(200),
+            spf_delay: Duration::from_millis(10),
+            epoch_unix_ns: 0,
         }
     }
 }
@@ -112,6 +128,8 @@ pub struct Record {
     pub seq: u64,
     /// Its live links.
     pub live: DirSet,
+    /// When it takes its keys, wall-clock nanoseconds since the Unix epoch (0: it does).
+    pub active_unix_ns: u64,
     /// When we last heard it.
     pub heard: Time,
 }
@@ -154,9 +172,22 @@ pub struct ControlNode {
     view: Option<LinkView>,
     version: u64,
     dirty: bool,
+    /// Since when a change waits for the view to be recomputed.
+    dirty_since: Option<Time>,
+    /// The latest time the driver gave (changes made without one are stamped with it).
+    last_now: Time,
+    /// The torus with everything up, kept so that a recomputation copies it instead of
+    /// rebuilding the neighbour table.
+    base: Option<LinkView>,
     /// Whether this server's dataplane runs: while it does not, the server advertises no
     /// live link, so nobody routes to or through a server that would drop every frame.
     dataplane_up: bool,
+    /// When this server takes its keys: set when it starts advertising links after
+    /// advertising none (a start, a restart, the end of an isolation).
+    active_at: Option<Time>,
+    /// The next instant a joining server (this one or another) takes its keys: the view
+    /// changes then, without any frame saying so.
+    next_activation: Option<Time>,
 }
 
 fn put16(b: &mut [u8], at: usize, v: u16) {
@@ -197,7 +228,12 @@ impl ControlNode {
             view: None,
             version: 0,
             dirty: true,
+            dirty_since: None,
+            last_now: Time::ZERO,
+            base: None,
             dataplane_up: true,
+            active_at: None,
+            next_activation: None,
         };
         if let (Some(c), None) = (n.coord, n.cfg.coord) {
             n.events.push_back(ControlEvent::CoordAssigned(c));
@@ -232,6 +268,11 @@ impl ControlNode {
         &self.lsdb
     }
 
+    /// When this server takes (took) its keys: `None` while it advertises no link.
+    pub fn active_at(&self) -> Option<Time> {
+        self.active_at
+    }
+
     /// The current view and its version, once this server has a coordinate.
     pub fn view(&self) -> Option<(u64, &LinkView)> {
         self.view.as_ref().map(|v| (self.version, v))
@@ -242,6 +283,7 @@ impl ControlNode {
     /// Handles a control frame received on link `dir` (Ethernet header included).
     pub fn handle_frame(&mut self, now: Time, dir: Dir, frame: &[u8]) {
         self.started.get_or_insert(now);
+        self.last_now = self.last_now.max(now);
         match self.parse(frame) {
             Ok((ty, body)) => match ty {
                 HELLO => self.on_hello(now, dir, frame, body),
@@ -376,7 +418,7 @@ impl ControlNode {
         self.events.push_back(ControlEvent::CoordAssigned(c));
         self.seq += 1;
         self.last_flood = None;
-        self.dirty = true;
+        self.touch();
     }
 
     fn set_up(&mut self, dir: Dir, up: bool) {
@@ -390,12 +432,12 @@ impl ControlNode {
             });
             self.seq += 1;
             self.last_flood = None;
-            self.dirty = true;
+            self.touch();
             if up {
                 // Database exchange, as OSPF does on adjacency: a neighbour that just
                 // (re)started learns every record now instead of over a refresh period.
                 for (origin, r) in &self.lsdb {
-                    let f = self.lsa_frame(*origin, r.coord, r.live, r.seq);
+                    let f = self.lsa_frame(*origin, r.coord, r.live, r.seq, r.active_unix_ns);
                     self.out.push_back((dir, f));
                 }
             }
@@ -424,6 +466,7 @@ impl ControlNode {
         let live = DirSet::from_bits(b[9]);
         let c = Coord::new(get16(b, 10), get16(b, 12), get16(b, 14));
         let seq = get64(b, 16);
+        let active_unix_ns = get64(b, 24);
         if origin == self.cfg.node_id {
             // Our own record came back; an older incarnation's makes us jump past it.
             if seq > self.seq {
@@ -443,24 +486,24 @@ impl ControlNode {
         if !newer {
             return;
         }
-        let changed = self
-            .lsdb
-            .get(&origin)
-            .is_none_or(|r| r.coord != coord || r.live != live);
+        let changed = self.lsdb.get(&origin).is_none_or(|r| {
+            r.coord != coord || r.live != live || r.active_unix_ns != active_unix_ns
+        });
         self.lsdb.insert(
             origin,
             Record {
                 coord,
                 seq,
                 live,
+                active_unix_ns,
                 heard: now,
             },
         );
         if changed {
-            self.dirty = true;
+            self.touch();
         }
         // Flood on every other up link.
-        let frame = self.lsa_frame(origin, coord, live, seq);
+        let frame = self.lsa_frame(origin, coord, live, seq, active_unix_ns);
         for d in self.cfg.links.iter() {
             if d != from && self.links[usize::from(d.index())].up {
                 self.out.push_back((d, frame.clone()));
@@ -472,13 +515,16 @@ impl ControlNode {
 
     /// The next time `handle_timeout` must run.
     pub fn poll_timeout(&self) -> Option<Time> {
-        // A change waits for nothing: flood and recompute at once.
-        if self.dirty || self.last_flood.is_none() {
+        // A change of this server's own record floods at once.
+        let Some(f) = self.last_flood else {
             return Some(Time::ZERO);
+        };
+        let mut t = self.next_hello.min(f + self.cfg.refresh);
+        if self.dirty {
+            t = t.min(self.dirty_since.unwrap_or(Time::ZERO) + self.cfg.spf_delay);
         }
-        let mut t = self.next_hello;
-        if let Some(f) = self.last_flood {
-            t = t.min(f + self.cfg.refresh);
+        if let Some(a) = self.next_activation {
+            t = t.min(a);
         }
         // Link death is noticed at the next hello tick at the latest.
         Some(t)
@@ -488,6 +534,7 @@ impl ControlNode {
     /// recomputes the view.
     pub fn handle_timeout(&mut self, now: Time) {
         let started = *self.started.get_or_insert(now);
+        self.last_now = self.last_now.max(now);
         let dead = self.cfg.hello * self.cfg.dead_after;
         for d in self.cfg.links.iter() {
             let l = &self.links[usize::from(d.index())];
@@ -511,11 +558,31 @@ impl ControlNode {
                 self.assign(Coord::new(0, 0, 0));
             }
         }
-        let before = self.lsdb.len();
-        let max_age = self.cfg.max_age;
-        self.lsdb.retain(|_, r| now.since(r.heard) <= max_age);
-        if self.lsdb.len() != before {
-            self.dirty = true;
+        // Records age at hello ticks: a pass over the whole database per frame would cost
+        // more than the frame, and a record's lifetime is seconds.
+        if now >= self.next_hello {
+            let before = self.lsdb.len();
+            let max_age = self.cfg.max_age;
+            self.lsdb.retain(|_, r| now.since(r.heard) <= max_age);
+            if self.lsdb.len() != before {
+                self.touch();
+            }
+        }
+        // A take-over instant is the same for every server: recompute at it, not after it.
+        let take_over = self.next_activation.is_some_and(|a| a <= now);
+        if take_over {
+            self.touch();
+        }
+        // A server that starts advertising links after advertising none joins: it takes its
+        // keys a hold-down from now, an instant its record tells everyone.
+        match (self.advertised().is_empty(), self.active_at) {
+            (false, None) => {
+                self.active_at = Some(now + self.cfg.join_holddown);
+                self.last_flood = None;
+                self.touch();
+            }
+            (true, Some(_)) => self.active_at = None,
+            _ => {}
         }
         if now >= self.next_hello {
             for d in self.cfg.links.iter() {
@@ -534,14 +601,32 @@ impl ControlNode {
                 self.seq += 1;
             }
             self.last_flood = Some(now);
-            let f = self.lsa_frame(self.cfg.node_id, self.coord, self.advertised(), self.seq);
+            let active = self.active_at.map_or(0, |t| self.wall(t));
+            let f = self.lsa_frame(
+                self.cfg.node_id,
+                self.coord,
+                self.advertised(),
+                self.seq,
+                active,
+            );
             for d in self.cfg.links.iter() {
                 if self.links[usize::from(d.index())].up {
                     self.out.push_back((d, f.clone()));
                 }
             }
         }
-        self.recompute();
+        self.recompute(now, take_over);
+    }
+
+    /// Notes that the view must be recomputed (after the SPF delay).
+    fn touch(&mut self) {
+        self.dirty = true;
+        self.dirty_since.get_or_insert(self.last_now);
+    }
+
+    /// `t` as wall-clock nanoseconds since the Unix epoch (never 0, which means "active").
+    fn wall(&self, t: Time) -> u64 {
+        self.cfg.epoch_unix_ns.saturating_add(t.0).max(1)
     }
 
     /// The links this server advertises: those up, while its dataplane runs. (Its own view
@@ -571,7 +656,7 @@ impl ControlNode {
             self.dataplane_up = up;
             self.seq += 1;
             self.last_flood = None;
-            self.dirty = true;
+            self.touch();
         }
     }
 
@@ -581,36 +666,52 @@ impl ControlNode {
     }
 
     /// Rebuilds the view from the database when something changed.
-    fn recompute(&mut self) {
-        if !self.dirty {
+    fn recompute(&mut self, now: Time, at_once: bool) {
+        let due = self
+            .dirty_since
+            .is_none_or(|d| now >= d + self.cfg.spf_delay);
+        if !self.dirty || !(due || at_once) {
             return;
         }
         self.dirty = false;
+        self.dirty_since = None;
         let Some(me) = self.coord else { return };
-        let Ok(mut view) = LinkView::all_up(self.cfg.dims) else {
-            return;
-        };
         let dims = self.cfg.dims;
-        let mut live: HashMap<Coord, DirSet> = HashMap::new();
+        if self.base.is_none() {
+            self.base = LinkView::all_up(dims).ok();
+        }
+        let Some(base) = &self.base else { return };
+        // Indexed by server: the database is hashed by node id, but the view is built per
+        // coordinate, and a hash lookup per link cost most of a recomputation at scale.
+        let mut live: Vec<Option<DirSet>> = vec![None; dims.count() as usize];
+        let now_wall = self.wall(now);
+        let mut next: Option<u64> = None;
+        let mut joining = Vec::new();
         for r in self.lsdb.values() {
             if let Some(c) = r.coord {
-                live.insert(c, r.live);
-            }
-        }
-        live.insert(me, self.live());
-        for c in dims.coords() {
-            let mine = live.get(&c).copied();
-            if mine.is_none() {
-                let _ = view.set_server(c, false);
-            }
-            for d in dims.link_dirs().iter() {
-                let other = live.get(&dims.neighbor(c, d)).copied();
-                let up = mine.is_some_and(|m| m.contains(d))
-                    && other.is_some_and(|o| o.contains(d.opposite()));
-                if !up {
-                    let _ = view.set_link(c, d, false);
+                live[dims.index(c)] = Some(r.live);
+                if r.active_unix_ns > now_wall && !r.live.is_empty() {
+                    joining.push(c);
+                    next = Some(next.map_or(r.active_unix_ns, |n| n.min(r.active_unix_ns)));
                 }
             }
+        }
+        live[dims.index(me)] = Some(self.live());
+        match self.active_at {
+            Some(a) if a > now => {
+                joining.push(me);
+                let a = self.wall(a);
+                next = Some(next.map_or(a, |n| n.min(a)));
+            }
+            // Cut off (or not yet adjacent): this server would be the root of every key in
+            // its own view while the others have given its keys away.
+            None if !self.cfg.links.is_empty() => joining.push(me),
+            _ => {}
+        }
+        self.next_activation = next.map(|w| Time(w.saturating_sub(self.cfg.epoch_unix_ns)));
+        let mut view = base.from_advertised(&live);
+        for c in joining {
+            let _ = view.set_joining(c, true);
         }
         if self.view.as_ref() != Some(&view) {
             self.view = Some(view);
@@ -667,7 +768,14 @@ impl ControlNode {
         self.seal(f, HELLO_LEN)
     }
 
-    fn lsa_frame(&self, origin: u64, coord: Option<Coord>, live: DirSet, seq: u64) -> Vec<u8> {
+    fn lsa_frame(
+        &self,
+        origin: u64,
+        coord: Option<Coord>,
+        live: DirSet,
+        seq: u64,
+        active_unix_ns: u64,
+    ) -> Vec<u8> {
         let mut f = self.header(LSA, LSA_LEN);
         let b = ETH_LEN + HDR;
         put64(&mut f, b, origin);
@@ -678,6 +786,7 @@ impl ControlNode {
         put16(&mut f, b + 12, c.y);
         put16(&mut f, b + 14, c.z);
         put64(&mut f, b + 16, seq);
+        put64(&mut f, b + 24, active_unix_ns);
         self.seal(f, LSA_LEN)
     }
 

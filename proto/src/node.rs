@@ -6,7 +6,6 @@
 
 use std::collections::VecDeque;
 
-use crate::keyspace;
 use crate::routing::{LinkView, RouteTable, RoutingError};
 use crate::time::Time;
 use crate::topology::{Coord, Dims, Dir, DirSet};
@@ -219,6 +218,9 @@ pub struct NodeStats {
     pub key_delivered: u64,
     /// Frames seen by an interceptor.
     pub intercepted: u64,
+    /// Key-routed messages dropped here because no server took keys in this server's
+    /// view (it was cut off, or had just restarted and knew nobody yet).
+    pub key_no_root: u64,
 }
 
 /// A queued key-routed short message.
@@ -532,7 +534,8 @@ impl Node {
         for _ in 0..self.key_out.len() {
             let m = self.key_out.pop_front()?;
             let Some((root, hops)) = self.routes.route_key(m.key) else {
-                // No server reachable at all: the message cannot go anywhere.
+                // No server takes keys in this view: the message cannot go anywhere.
+                self.stats.key_no_root += 1;
                 continue;
             };
             if root == self.local {
@@ -605,6 +608,12 @@ impl Node {
         self.transport.notify_acks(service, on);
     }
 
+    /// Key-routed messages waiting to be put on a link (they die with the server if it
+    /// fails now).
+    pub fn queued_key_messages(&self) -> usize {
+        self.key_out.len()
+    }
+
     /// Whether anything waits to be sent (so the driver should not sleep).
     pub fn has_pending(&self) -> bool {
         !self.key_out.is_empty() || self.transport.queued_messages() > 0
@@ -612,6 +621,6 @@ impl Node {
 
     /// The root of `key` in this server's view.
     pub fn key_root(&self, key: u64) -> Option<Coord> {
-        keyspace::root(self.dims, key, |c| self.routes.is_reachable(c))
+        self.routes.key_root(key)
     }
 }

@@ -36,6 +36,11 @@ pub struct LinkView {
     live: Vec<u8>,
     /// Per server: whether it is up.
     up: Vec<bool>,
+    /// Servers (dense indices, sorted) that are up and relay traffic but do not yet take
+    /// keys: they (re)joined and take over their keys at an instant every server agrees on
+    /// (see [`crate::control`]), so no key has two roots while the news spreads. Rarely
+    /// more than a few, so a list.
+    joining: Vec<u32>,
     /// Per server: the dense index of its neighbour in each direction. Fixed by the torus,
     /// so shared by every copy of the view; searches read it instead of doing coordinate
     /// arithmetic per visit.
@@ -58,6 +63,7 @@ impl LinkView {
             dims,
             live: vec![dims.link_dirs().bits(); n],
             up: vec![true; n],
+            joining: Vec::new(),
             neighbors: std::sync::Arc::new(neighbors),
         })
     }
@@ -100,6 +106,62 @@ impl LinkView {
         let i = self.idx(c)?;
         self.up[i] = up;
         Ok(())
+    }
+
+    /// The view a link-state database describes, on this view's torus: server `i` is up
+    /// when `advertised[i]` is `Some` (it has a record), and a link is live when the
+    /// records of both its ends list it. One pass over the neighbour table, which a copy
+    /// of this view shares.
+    pub fn from_advertised(&self, advertised: &[Option<DirSet>]) -> LinkView {
+        let n = self.up.len();
+        let mut v = LinkView {
+            dims: self.dims,
+            live: vec![0; n],
+            up: vec![false; n],
+            joining: Vec::new(),
+            neighbors: self.neighbors.clone(),
+        };
+        let exists = self.dims.link_dirs().bits();
+        for i in 0..n {
+            let Some(mine) = advertised.get(i).copied().flatten() else {
+                continue;
+            };
+            v.up[i] = true;
+            let mut bits = 0u8;
+            for d in DirSet::from_bits(mine.bits() & exists).iter() {
+                let j = self.neighbors[i][usize::from(d.index())] as usize;
+                let theirs = advertised.get(j).copied().flatten();
+                if theirs.is_some_and(|o| o.contains(d.opposite())) {
+                    bits |= 1 << d.index();
+                }
+            }
+            v.live[i] = bits;
+        }
+        v
+    }
+
+    /// Marks server `c` as joining (it relays but takes no keys yet) or as taking keys.
+    pub fn set_joining(&mut self, c: Coord, joining: bool) -> Result<(), RoutingError> {
+        let i = self.idx(c)? as u32;
+        match (self.joining.binary_search(&i), joining) {
+            (Err(at), true) => self.joining.insert(at, i),
+            (Ok(at), false) => {
+                self.joining.remove(at);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Whether server `c` is joining: reachable, but not yet the root of any key.
+    pub fn is_joining(&self, c: Coord) -> bool {
+        self.idx(c)
+            .is_ok_and(|i| self.joining.binary_search(&(i as u32)).is_ok())
+    }
+
+    /// The joining servers.
+    pub fn joining(&self) -> impl Iterator<Item = Coord> + '_ {
+        self.joining.iter().map(|i| self.dims.coord(*i as usize))
     }
 
     /// Whether server `c` is up (false outside the torus).
@@ -190,6 +252,8 @@ pub struct RouteTable {
     local: Coord,
     dist: Vec<u32>,
     hops: Vec<DirSet>,
+    /// The view's joining servers (dense indices, sorted).
+    joining: Vec<u32>,
 }
 
 impl RouteTable {
@@ -201,6 +265,7 @@ impl RouteTable {
             local,
             dist: Vec::new(),
             hops: Vec::new(),
+            joining: Vec::new(),
         };
         t.absorb(view);
         Ok(t)
@@ -212,6 +277,7 @@ impl RouteTable {
         debug_assert_eq!(view.dims, self.dims);
         let n = self.dims.count() as usize;
         let li = self.dims.index(self.local);
+        self.joining.clone_from(&view.joining);
         // Search space is temporary: kept per table it cost 8 bytes per server per server,
         // which a simulated torus of thousands of engines could not afford.
         let (mut scratch_dist, mut scratch_queue) = (Vec::new(), Vec::new());
@@ -276,10 +342,22 @@ impl RouteTable {
         self.distance(dst).is_some()
     }
 
+    /// Whether `c` may be the root of keys in this server's view: reachable and not
+    /// joining.
+    #[inline]
+    pub fn takes_keys(&self, c: Coord) -> bool {
+        self.is_reachable(c)
+            && (self.joining.is_empty()
+                || self
+                    .joining
+                    .binary_search(&(self.dims.index(c) as u32))
+                    .is_err())
+    }
+
     /// The root of routing key `k` in this server's view.
     #[inline]
     pub fn key_root(&self, routing_key: u64) -> Option<Coord> {
-        keyspace::root(self.dims, routing_key, |c| self.is_reachable(c))
+        keyspace::root(self.dims, routing_key, |c| self.takes_keys(c))
     }
 
     /// Where a frame for routing key `k` goes from here: its root and the next-hop set
@@ -294,6 +372,36 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_view_from_advertised_links_is_the_one_built_link_by_link() {
+        let mut rng = crate::rng::SplitMix64::new(5);
+        for dims in [Dims::new(4, 4, 2).unwrap(), Dims::new(2, 3, 1).unwrap()] {
+            let base = LinkView::all_up(dims).unwrap();
+            for _ in 0..50 {
+                let adv: Vec<Option<DirSet>> = dims
+                    .coords()
+                    .map(|_| (rng.below(5) != 0).then(|| DirSet::from_bits(rng.below(64) as u8)))
+                    .collect();
+                let mut want = LinkView::all_up(dims).unwrap();
+                for c in dims.coords() {
+                    let mine = adv[dims.index(c)];
+                    if mine.is_none() {
+                        want.set_server(c, false).unwrap();
+                    }
+                    for d in dims.link_dirs().iter() {
+                        let other = adv[dims.index(dims.neighbor(c, d))];
+                        if !(mine.is_some_and(|m| m.contains(d))
+                            && other.is_some_and(|o| o.contains(d.opposite())))
+                        {
+                            want.set_link(c, d, false).unwrap();
+                        }
+                    }
+                }
+                assert_eq!(base.from_advertised(&adv), want);
+            }
+        }
+    }
 
     #[test]
     fn next_hops_in_a_full_torus() {

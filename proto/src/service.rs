@@ -30,13 +30,17 @@ pub trait Engine {
     fn is_reachable(&self, c: Coord) -> bool;
     /// Hops to `c` in the current view (`None`: unreachable).
     fn distance(&self, c: Coord) -> Option<u32>;
+    /// Whether `c` may hold keys in the current view: reachable and not still joining.
+    fn takes_keys(&self, c: Coord) -> bool {
+        self.is_reachable(c)
+    }
     /// The root of a routing key in the current view.
     fn key_root(&self, key: u64) -> Option<Coord> {
-        keyspace::root(self.dims(), key, |c| self.is_reachable(c))
+        keyspace::root(self.dims(), key, |c| self.takes_keys(c))
     }
     /// `GetServersForKey(key, r)` in the current view.
     fn servers_for_key(&self, key: u64, r: usize) -> Vec<Coord> {
-        keyspace::get_servers_for_key(self.dims(), key, r, |c| self.is_reachable(c))
+        keyspace::get_servers_for_key(self.dims(), key, r, |c| self.takes_keys(c))
     }
     /// Sends a message to `service` at `target` (see [`Node::send`]).
     fn send(
@@ -63,6 +67,9 @@ impl Engine for Node {
     }
     fn is_reachable(&self, c: Coord) -> bool {
         self.routes().is_reachable(c)
+    }
+    fn takes_keys(&self, c: Coord) -> bool {
+        self.routes().takes_keys(c)
     }
     fn distance(&self, c: Coord) -> Option<u32> {
         self.routes().distance(c)

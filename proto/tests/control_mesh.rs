@@ -212,3 +212,57 @@ fn a_cluster_key_keeps_an_impostor_out() {
     let (_, v) = net.nodes[0].view().unwrap();
     assert!(!v.is_up(Coord::new(2, 0, 0)), "and is not in anyone's view");
 }
+
+#[test]
+fn a_rejoining_server_takes_its_keys_at_one_instant_everyone_knows() {
+    let dims = Dims::new(3, 3, 1).unwrap();
+    let mut net = Net::torus(dims, Some(0));
+    net.run(Duration::from_secs(2));
+    let x = 4;
+    let xc = dims.coord(x);
+    net.alive[x] = false;
+    net.run(Duration::from_secs(1));
+    assert!(net
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != x)
+        .all(|(_, n)| n.view().is_some_and(|(_, v)| v.live_dirs(xc).is_empty())));
+    // Restarted: a fresh control plane with its persisted coordinate, a newer incarnation.
+    let mut c = ControlConfig::new(100 + x as u64, dims, dims.link_dirs());
+    c.coord = Some(xc);
+    c.incarnation = 1 << 40;
+    net.nodes[x] = ControlNode::new(c);
+    net.alive[x] = true;
+    let mut active_at = None;
+    let start = net.now;
+    // Every live view says "joining" (reachable, no keys) from when it learns of the
+    // return until the announced instant, then "taking keys": nobody flips early or late.
+    while net.now.since(start) < Duration::from_secs(2) {
+        // The nodes acted at `t`; the clock has moved on by the step.
+        let t = net.now;
+        net.step(Duration::from_millis(1));
+        if active_at.is_none() {
+            active_at = net.nodes[x].active_at();
+        }
+        for (i, n) in net.nodes.iter().enumerate() {
+            let Some((_, v)) = n.view() else { continue };
+            if v.live_dirs(xc).is_empty() {
+                // Not (yet) reachable in this view; and a server cut off takes no keys.
+                assert!(i != x || v.is_joining(xc));
+                continue;
+            }
+            let a = active_at.expect("reachable only once it announced when it takes keys");
+            assert_eq!(
+                v.is_joining(xc),
+                t < a,
+                "server {i} at {t:?}, take-over at {a:?}"
+            );
+        }
+    }
+    let a = active_at.expect("rejoined");
+    assert!(a.since(start) >= Duration::from_millis(200));
+    assert!(net.nodes.iter().all(|n| n
+        .view()
+        .is_some_and(|(_, v)| !v.is_joining(xc) && !v.live_dirs(xc).is_empty())));
+}

@@ -99,7 +99,15 @@ fn metrics_human_output_and_log_levels() {
 
     // Every daemon's endpoint, judged by the parser.
     for c in &all {
-        let dp = parse(&scrape(&t, c, 9464));
+        // torusd takes the converged view from its control process a moment later.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let dp = loop {
+            let v = parse(&scrape(&t, c, 9464));
+            if sum(&v, "torusnet_reachable_servers", "") == 9.0 || Instant::now() > deadline {
+                break v;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         // The control process refreshes its status every 200 ms; links settle after the view.
         let deadline = Instant::now() + Duration::from_secs(10);
         let ctl = loop {

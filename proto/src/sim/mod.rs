@@ -4,11 +4,14 @@
 //! CamCube evaluated scale (CamCubeOS paper 4.1, 4.2.3-4.2.5). Nothing here re-implements a
 //! protocol: it only moves frames between engines and keeps time.
 
+mod control;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
-use crate::node::{Event, MsgOptions, Node, RxAction, Target};
+use crate::control::ControlNode;
+use crate::node::{DropReason, Event, MsgOptions, Node, RxAction, Target};
 use crate::routing::LinkView;
 use crate::time::Time;
 use crate::topology::{Coord, Dims, Dir, DirSet};
@@ -114,6 +117,18 @@ pub struct SimStats {
     pub dropped_engine: u64,
     /// Frames lost because their link or server was down.
     pub lost_on_failure: u64,
+    /// Key-routed messages still queued at a server when it failed.
+    pub lost_with_sender: u64,
+    /// Key-routed messages their source dropped: no server took keys in its view (engines
+    /// replaced by a restart included).
+    pub key_no_root: u64,
+    /// Frames the engines dropped, by reason (in [`DropReason::ALL`]'s order).
+    pub dropped_by: [u64; 7],
+    /// Frames a server forwarded back over the link they came in on (views that disagree
+    /// bounce a frame between two servers until one of them learns).
+    pub bounced: u64,
+    /// Control-plane frames (hellos, flooded records) put on links.
+    pub control_frames: u64,
 }
 
 /// The simulator.
@@ -139,6 +154,11 @@ pub struct Sim {
     /// Frames in transit waiting for a next hop with room (CamCube queues forwarded packets
     /// rather than dropping them when a link is busy); bounded per server.
     transit: Vec<VecDeque<(DirSet, Vec<u8>)>>,
+    /// Every server's own control plane, when the simulator runs them
+    /// ([`Sim::enable_control`]); empty when every server shares the simulator's view.
+    control: Vec<ControlNode>,
+    /// The settings every control plane starts from.
+    control_template: Option<crate::control::ControlConfig>,
 }
 
 /// Frames a server holds in transit before it drops forwarded frames.
@@ -178,6 +198,8 @@ impl Sim {
             stats: SimStats::default(),
             frame_ns,
             transit: (0..n).map(|_| VecDeque::new()).collect(),
+            control: Vec::new(),
+            control_template: None,
         })
     }
 
@@ -193,7 +215,13 @@ impl Sim {
 
     /// Counters so far.
     pub fn stats(&self) -> SimStats {
-        self.stats
+        let mut s = self.stats;
+        s.key_no_root += self
+            .nodes
+            .iter()
+            .map(|n| n.stats().key_no_root)
+            .sum::<u64>();
+        s
     }
 
     /// Server `i`'s engine.
@@ -252,6 +280,7 @@ impl Sim {
     pub fn crash(&mut self, c: Coord) {
         let i = self.cfg.dims.index(c);
         self.up[i] = false;
+        self.stats.lost_with_sender += self.nodes[i].queued_key_messages() as u64;
         self.stats.lost_on_failure += self.transit[i].len() as u64;
         for (_, f) in std::mem::take(&mut self.transit[i]) {
             self.pool.give(f);
@@ -403,8 +432,11 @@ impl Sim {
         l.busy_until = Time(start.0 + tx);
         let arrive = Time(start.0 + tx) + self.cfg.delay;
         self.stats.frames_sent += 1;
+        let control = is_control(&frame);
+        self.stats.control_frames += u64::from(control);
         if !self.up[j] || !l.live {
-            self.stats.lost_on_failure += 1;
+            // A hello into a dead server is how its death is noticed, not a loss of data.
+            self.stats.lost_on_failure += u64::from(!control);
             self.pool.give(frame);
             return;
         }
@@ -421,6 +453,7 @@ impl Sim {
             return;
         }
         let now = self.now;
+        self.run_control(i);
         if self.nodes[i].poll_timeout().is_some_and(|t| t <= now) {
             self.nodes[i].handle_timeout(now);
         }
@@ -440,6 +473,9 @@ impl Sim {
             }
         }
         let mut next = self.nodes[i].poll_timeout().filter(|t| *t > now);
+        if let Some(t) = self.control_timeout(i) {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
         let waits = [
             (!self.transit[i].is_empty()).then(|| self.next_room(i, true)),
             self.nodes[i]
@@ -588,21 +624,37 @@ impl Sim {
         };
         let n = self.links[id].far as usize;
         if !self.up[n] {
-            self.stats.lost_on_failure += 1;
+            self.stats.lost_on_failure += u64::from(!is_control(&frame));
             self.pool.give(frame);
             return;
+        }
+        if !self.control.is_empty() {
+            if is_control(&frame) {
+                self.control[n].handle_frame(t, dir.opposite(), &frame);
+                self.pool.give(frame);
+                self.service(n);
+                return;
+            }
+            // A take-over instant due now is honoured before the frame is judged.
+            if self.control_due(n) {
+                self.run_control(n);
+            }
         }
         let mut passed_on = false;
         match self.nodes[n].handle_rx(t, dir.opposite(), &mut frame) {
             RxAction::Consumed => self.pool.give(frame),
-            RxAction::Drop(_) => {
+            RxAction::Drop(why) => {
                 self.stats.dropped_engine += 1;
+                if let Some(k) = DropReason::ALL.iter().position(|r| *r == why) {
+                    self.stats.dropped_by[k] += 1;
+                }
                 self.pool.give(frame);
             }
             RxAction::Forward(hops) => {
                 let room = self.room(n, true);
                 match self.least_loaded(n, hops, room) {
                     Some(h) if self.transit[n].is_empty() => {
+                        self.stats.bounced += u64::from(h == dir.opposite());
                         self.stats.forwarded += 1;
                         self.transmit(n, h, frame);
                         passed_on = true;
@@ -628,6 +680,11 @@ impl Sim {
     }
 }
 
+/// Whether `frame` is a control-plane frame (its EtherType).
+fn is_control(frame: &[u8]) -> bool {
+    frame.get(12..14) == Some(&crate::wire::ETHERTYPE_CONTROL.to_be_bytes()[..])
+}
+
 /// One server of the simulator as an [`Engine`](crate::service::Engine) for its services.
 pub struct SimEngine<'a> {
     sim: &'a mut Sim,
@@ -646,6 +703,9 @@ impl crate::service::Engine for SimEngine<'_> {
     }
     fn is_reachable(&self, c: Coord) -> bool {
         self.sim.nodes[self.i].routes().is_reachable(c)
+    }
+    fn takes_keys(&self, c: Coord) -> bool {
+        self.sim.nodes[self.i].routes().takes_keys(c)
     }
     fn distance(&self, c: Coord) -> Option<u32> {
         self.sim.nodes[self.i].routes().distance(c)
