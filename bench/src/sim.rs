@@ -1,4 +1,4 @@
-//! `torus-bench sim`: experiments on the packet-level simulator (proto/src/sim.rs), which
+//! `torus-bench sim`: experiments on the packet-level simulator (proto/src/sim/), which
 //! runs the project's own engines: all-to-all throughput against torus size and against
 //! failed servers, and key-routed traffic under churn checked by an oracle.
 

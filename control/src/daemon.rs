@@ -791,6 +791,8 @@ fn snapshot(
         "unreachable": unreachable,
         "down_links": down_links,
         "lsdb_records": node.lsdb().len(),
+        "active_at_unix_us": node.active_at_unix_ns().map(|ns| ns / 1000),
+        "joining": node.view().map(|(_, v)| v.joining().map(|c| c.to_string()).collect::<Vec<_>>()),
         "published_version": p.map(|p| p.published),
         "publish_latency_us": p.and_then(|p| p.latency_us),
         "publish_error": p.and_then(|p| p.last_error.clone()),

@@ -122,6 +122,8 @@ struct Raw {
     #[serde(default)]
     load: RawLoad,
     #[serde(default)]
+    keys: RawLoad,
+    #[serde(default)]
     apps: RawApps,
     #[serde(default)]
     kv: RawKv,
@@ -189,7 +191,7 @@ struct RawApps {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLoad {
-    /// The built-in load service's journal (appended to from the start).
+    /// The built-in service's journal (appended to from the start).
     journal: Option<PathBuf>,
 }
 
@@ -249,6 +251,9 @@ pub struct NodeConfig {
     /// Where the built-in load service journals from the start (`[load] journal`), so a
     /// restart oracle sees every message received, even before anyone starts the load.
     pub load_journal: Option<PathBuf>,
+    /// Where the built-in key probe service journals from the start (`[keys] journal`):
+    /// every probe sent and delivered, for a churn oracle.
+    pub keys_journal: Option<PathBuf>,
     /// Applications in their own processes (`[apps]`): where they attach, who may.
     pub apps: Option<crate::apps::AppsConfig>,
     /// The key-value store and its memcached gateway (`[kv]`).
@@ -474,6 +479,7 @@ impl NodeConfig {
             rx_queue_steering: raw.rx_queue_steering,
             control_socket,
             load_journal: raw.load.journal,
+            keys_journal: raw.keys.journal,
             apps,
             kv: kv_settings(raw.kv)?,
             ip: ip_settings(raw.ip, dims)?,

@@ -499,6 +499,23 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             ask(d, SERVICES, KEYS, Box::new(KeysRequest::Seen(reset, tx)))?;
             Ok(wait(rx, Duration::from_secs(10)))
         }
+        "probe_keys" => {
+            // Continuous key-routed probes: {"cmd":"probe_keys","rate":N,"seed":S} (0 stops).
+            let rate = req
+                .get("rate")
+                .and_then(Value::as_u64)
+                .filter(|r| *r <= 100_000)
+                .ok_or("\"rate\": probes per second, 0..=100000 (0 stops)")?;
+            let seed = req.get("seed").and_then(Value::as_u64).unwrap_or(1);
+            let (tx, rx) = mpsc::channel();
+            let probe = KeysRequest::Probe {
+                rate: rate as u32,
+                seed,
+                reply: tx,
+            };
+            ask(d, SERVICES, KEYS, Box::new(probe))?;
+            Ok(wait(rx, Duration::from_secs(10)))
+        }
         "load" => load(req, d),
         "view" => apply_view(req, d),
         "shutdown" => {
@@ -506,7 +523,7 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             Ok(json!({"ok": true}))
         }
         other => Err(format!(
-            "unknown command {other:?} (status, log, ping, bench, multicast, aggregate, fault, send_keys, keys_seen, load, view, shutdown)"
+            "unknown command {other:?} (status, log, ping, bench, multicast, aggregate, fault, send_keys, keys_seen, probe_keys, load, view, shutdown)"
         )),
     }
 }

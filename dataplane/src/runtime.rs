@@ -871,23 +871,29 @@ impl Dataplane {
             // A few dozen chunks queued: the service keeps the rest until there is room.
             node.configure_service(torusnet_services::multicast::MCAST, 1, 4 << 20);
             node.configure_service(torusnet_services::aggregate::AGG, 1, 4 << 20);
-            let journal: Option<Box<dyn std::io::Write + Send>> = match &cfg.load_journal {
-                Some(path) => Some(Box::new(
-                    std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(path)
-                        .map_err(|e| {
-                            StartError::Engine(format!("load.journal {}: {e}", path.display()))
-                        })?,
-                )),
-                None => None,
+            let journal = |what: &str, path: &Option<std::path::PathBuf>| {
+                path.as_ref()
+                    .map(|p| {
+                        std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(p)
+                            .map(|f| Box::new(f) as torusnet_services::builtin::Journal)
+                            .map_err(|e| {
+                                StartError::Engine(format!("{what}.journal {}: {e}", p.display()))
+                            })
+                    })
+                    .transpose()
             };
+            let (load_journal, keys_journal) = (
+                journal("load", &cfg.load_journal)?,
+                journal("keys", &cfg.keys_journal)?,
+            );
             // Services live with the first poller, one instance per server; the others hand
             // it their events, and it hands them sends for the peers they own.
             let mut services = Vec::new();
             if shard == 0 {
-                services = torusnet_services::builtin::all(journal);
+                services = torusnet_services::builtin::all(load_journal, keys_journal);
                 services.push(Box::new(crate::rmem::RmemService::new(rm.clone())));
                 services.push(Box::new(torusnet_services::multicast::Multicast::default()));
                 services.push(Box::new(torusnet_services::aggregate::Aggregate::default()));

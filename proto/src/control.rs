@@ -273,6 +273,11 @@ impl ControlNode {
         self.active_at
     }
 
+    /// [`ControlNode::active_at`] on the wall clock, nanoseconds since the Unix epoch.
+    pub fn active_at_unix_ns(&self) -> Option<u64> {
+        self.active_at.map(|t| self.wall(t))
+    }
+
     /// The current view and its version, once this server has a coordinate.
     pub fn view(&self) -> Option<(u64, &LinkView)> {
         self.view.as_ref().map(|v| (self.version, v))

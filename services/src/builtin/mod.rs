@@ -16,13 +16,19 @@ pub use keys::{Keys, KeysRequest, KEYS};
 pub use load::{Load, LoadRequest, LOAD};
 pub use ping::{Ping, PingRequest, PING};
 
-/// One instance of every built-in service, for a poller to host; the load service writes
-/// its journal to `load_journal` from the start when one is given.
-pub fn all(load_journal: Option<Box<dyn std::io::Write + Send>>) -> Vec<Box<dyn Service>> {
+/// A journal a built-in service writes from the start.
+pub type Journal = Box<dyn std::io::Write + Send>;
+
+/// One instance of every built-in service, for a poller to host; the load and key services
+/// write their journals from the start when given one.
+pub fn all(load_journal: Option<Journal>, keys_journal: Option<Journal>) -> Vec<Box<dyn Service>> {
     vec![
         Box::new(Ping::default()),
         Box::new(Bench::default()),
-        Box::new(Keys::default()),
+        Box::new(match keys_journal {
+            Some(j) => Keys::with_journal(j),
+            None => Keys::default(),
+        }),
         Box::new(match load_journal {
             Some(j) => Load::with_journal(j),
             None => Load::default(),
