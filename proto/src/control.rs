@@ -6,7 +6,7 @@
 //! Frames travel on EtherType 0x88B6, which the XDP program passes to the kernel, so the
 //! control plane works whether or not the dataplane is running. Layout in docs/control.md.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -162,7 +162,7 @@ pub struct ControlNode {
     cfg: ControlConfig,
     coord: Option<Coord>,
     links: [LinkState; 6],
-    lsdb: HashMap<u64, Record>,
+    lsdb: BTreeMap<u64, Record>,
     seq: u64,
     last_flood: Option<Time>,
     next_hello: Time,
@@ -218,7 +218,7 @@ impl ControlNode {
             cfg,
             coord,
             links: Default::default(),
-            lsdb: HashMap::new(),
+            lsdb: BTreeMap::new(),
             seq,
             last_flood: None,
             next_hello: Time::ZERO,
@@ -264,7 +264,7 @@ impl ControlNode {
     }
 
     /// The link-state database: node id -> record.
-    pub fn lsdb(&self) -> &HashMap<u64, Record> {
+    pub fn lsdb(&self) -> &BTreeMap<u64, Record> {
         &self.lsdb
     }
 
@@ -686,8 +686,8 @@ impl ControlNode {
             self.base = LinkView::all_up(dims).ok();
         }
         let Some(base) = &self.base else { return };
-        // Indexed by server: the database is hashed by node id, but the view is built per
-        // coordinate, and a hash lookup per link cost most of a recomputation at scale.
+        // Indexed by server: the database is keyed by node id, but the view is built per
+        // coordinate, and a map lookup per link cost most of a recomputation at scale.
         let mut live: Vec<Option<DirSet>> = vec![None; dims.count() as usize];
         let now_wall = self.wall(now);
         let mut next: Option<u64> = None;
