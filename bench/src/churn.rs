@@ -115,6 +115,8 @@ pub struct ChurnReport {
     pub events: u64,
     pub events_per_s: f64,
     pub wall_s: f64,
+    /// Peak resident memory of the run, MiB.
+    pub peak_mib: f64,
 }
 
 /// The oracle's global knowledge at one moment.
@@ -194,6 +196,7 @@ pub fn churn(o: &ChurnOpts, cfg: torusnet_proto::sim::SimConfig) -> Result<Churn
         ));
     }
     let own = o.views == Views::Own;
+    crate::procmem::reset_peak();
     let t0 = Instant::now();
     let mut sim = Sim::new(cfg)?;
     let dims = sim.dims();
@@ -384,6 +387,7 @@ pub fn churn(o: &ChurnOpts, cfg: torusnet_proto::sim::SimConfig) -> Result<Churn
         events: st.events,
         events_per_s: st.events as f64 / wall.max(1e-9),
         wall_s: wall,
+        peak_mib: crate::procmem::peak_mib(),
     })
 }
 

@@ -12,6 +12,7 @@ mod kvtcp;
 mod measure;
 mod netbench;
 mod plot;
+mod procmem;
 mod rmem;
 mod route;
 mod sim;

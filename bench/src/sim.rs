@@ -157,21 +157,12 @@ struct Point {
     events_per_s: f64,
     wall_s: f64,
     memory_per_server_kib: f64,
+    /// Peak resident memory of the run, MiB.
+    peak_mib: f64,
     dropped_no_room: u64,
     dropped_engine: u64,
     retransmitted_frames: u64,
     ack_frames: u64,
-}
-
-fn rss_kib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0.0)
 }
 
 /// How all-to-all traffic is generated.
@@ -201,7 +192,8 @@ fn alltoall(
     to_failed: bool,
     spread: bool,
 ) -> Result<Point, String> {
-    let rss0 = rss_kib();
+    crate::procmem::reset_peak();
+    let rss0 = crate::procmem::rss_kib();
     let c = cfg(k, spread)?;
     let t0 = Instant::now();
     let mut sim = Sim::new(c)?;
@@ -326,7 +318,8 @@ fn alltoall(
         forwarded: st.forwarded,
         events_per_s: st.events as f64 / wall.max(1e-9),
         wall_s: wall,
-        memory_per_server_kib: (rss_kib() - rss0).max(0.0) / n as f64,
+        memory_per_server_kib: (crate::procmem::rss_kib() - rss0).max(0.0) / n as f64,
+        peak_mib: crate::procmem::peak_mib(),
         dropped_no_room: st.dropped_no_room,
         dropped_engine: st.dropped_engine,
         retransmitted_frames: (0..n)
@@ -413,8 +406,8 @@ pub fn run(a: &Args) -> Result<(), String> {
                 )?;
                 if !out.json {
                     println!(
-                        "{:>5} servers: {:.3} Gb/s per server (bound {:.3}, {:.0}%), {} events in {:.1} s = {:.2} M events/s, {:.0} KiB/server",
-                        p.servers, p.per_server_gbps, p.bound_gbps, 100.0 * p.fraction_of_bound, p.events, p.wall_s, p.events_per_s / 1e6, p.memory_per_server_kib
+                        "{:>5} servers: {:.3} Gb/s per server (bound {:.3}, {:.0}%), {} events in {:.1} s = {:.2} M events/s, {:.0} KiB/server, peak {:.0} MiB",
+                        p.servers, p.per_server_gbps, p.bound_gbps, 100.0 * p.fraction_of_bound, p.events, p.wall_s, p.events_per_s / 1e6, p.memory_per_server_kib, p.peak_mib
                     );
                 }
                 pts.push(p);
@@ -469,8 +462,8 @@ pub fn run(a: &Args) -> Result<(), String> {
                 let p = alltoall(*k, f, ms, out.seed, *load, *to_failed, !first_hop)?;
                 if !out.json {
                     println!(
-                        "{:>4.0}% failed: {:.3} Gb/s per live server",
-                        f, p.per_server_gbps
+                        "{:>4.0}% failed: {:.3} Gb/s per live server; {} events in {:.1} s = {:.2} M events/s, peak {:.0} MiB",
+                        f, p.per_server_gbps, p.events, p.wall_s, p.events_per_s / 1e6, p.peak_mib
                     );
                 }
                 pts.push(p);
@@ -540,12 +533,12 @@ pub fn run(a: &Args) -> Result<(), String> {
                 let r = churn(&o, cfg(*k, true)?)?;
                 if !out.json {
                     println!(
-                        "{} servers, {:?} views, {:.0}% down, {} failures/s ({} failures, {} rejoins in {} s), {} msg/s each: sent {}, delivered {}, misdelivered {}, dropped {} ({:.3}%: {} into failed servers, {} with their sender, {} no root at the sender, {} unreachable, {} TTL, {} no room, {} other, {} in flight), {} bounced, refused at source {}; {:.1} s wall, {:.2} M events/s",
+                        "{} servers, {:?} views, {:.0}% down, {} failures/s ({} failures, {} rejoins in {} s), {} msg/s each: sent {}, delivered {}, misdelivered {}, dropped {} ({:.3}%: {} into failed servers, {} with their sender, {} no root at the sender, {} unreachable, {} TTL, {} no room, {} other, {} in flight), {} bounced, refused at source {}; {:.1} s wall, {:.2} M events/s, peak {:.0} MiB",
                         r.servers, r.views, r.down_pct, r.failures_per_s, r.failures, r.rejoins, r.simulated_s,
                         r.messages_per_server_per_s, r.sent, r.delivered, r.misdelivered, r.dropped,
                         r.dropped_pct, r.lost_at_failed_server, r.lost_with_sender, r.dropped_no_root, r.dropped_unreachable,
                         r.dropped_ttl_expired, r.dropped_no_room, r.dropped_other, r.in_flight_at_end,
-                        r.bounced, r.refused_at_source, r.wall_s, r.events_per_s / 1e6
+                        r.bounced, r.refused_at_source, r.wall_s, r.events_per_s / 1e6, r.peak_mib
                     );
                 }
                 rs.push(r);

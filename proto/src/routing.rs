@@ -6,7 +6,7 @@
 //! change so that the per-frame query is one table load.
 
 use crate::keyspace;
-use crate::topology::{Coord, Dims, Dir, DirSet};
+use crate::topology::{Axis, Coord, Dims, Dir, DirSet};
 
 /// Why a view or route table could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,10 +32,11 @@ pub const UNREACHABLE: u32 = u32::MAX;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LinkView {
     dims: Dims,
-    /// Per server: bit d set when the link in direction d is live.
-    live: Vec<u8>,
-    /// Per server: whether it is up.
-    up: Vec<bool>,
+    /// Per server: bit d set when the link in direction d is live. Shared by copies until
+    /// one changes (every engine of a simulated torus holds a copy of the same view).
+    live: std::sync::Arc<Vec<u8>>,
+    /// Per server: whether it is up (shared like `live`).
+    up: std::sync::Arc<Vec<bool>>,
     /// Servers (dense indices, sorted) that are up and relay traffic but do not yet take
     /// keys: they (re)joined and take over their keys at an instant every server agrees on
     /// (see [`crate::control`]), so no key has two roots while the news spreads. Rarely
@@ -61,8 +62,8 @@ impl LinkView {
             .collect();
         Ok(LinkView {
             dims,
-            live: vec![dims.link_dirs().bits(); n],
-            up: vec![true; n],
+            live: std::sync::Arc::new(vec![dims.link_dirs().bits(); n]),
+            up: std::sync::Arc::new(vec![true; n]),
             joining: Vec::new(),
             neighbors: std::sync::Arc::new(neighbors),
         })
@@ -90,12 +91,13 @@ impl LinkView {
         }
         let b = self.dims.index(self.dims.neighbor(c, dir));
         let (ba, bb) = (1u8 << dir.index(), 1u8 << dir.opposite().index());
+        let l = std::sync::Arc::make_mut(&mut self.live);
         if live {
-            self.live[a] |= ba;
-            self.live[b] |= bb;
+            l[a] |= ba;
+            l[b] |= bb;
         } else {
-            self.live[a] &= !ba;
-            self.live[b] &= !bb;
+            l[a] &= !ba;
+            l[b] &= !bb;
         }
         Ok(())
     }
@@ -104,7 +106,9 @@ impl LinkView {
     /// links keep their own state, so they are usable again as soon as it comes back.
     pub fn set_server(&mut self, c: Coord, up: bool) -> Result<(), RoutingError> {
         let i = self.idx(c)?;
-        self.up[i] = up;
+        if self.up[i] != up {
+            std::sync::Arc::make_mut(&mut self.up)[i] = up;
+        }
         Ok(())
     }
 
@@ -114,19 +118,13 @@ impl LinkView {
     /// of this view shares.
     pub fn from_advertised(&self, advertised: &[Option<DirSet>]) -> LinkView {
         let n = self.up.len();
-        let mut v = LinkView {
-            dims: self.dims,
-            live: vec![0; n],
-            up: vec![false; n],
-            joining: Vec::new(),
-            neighbors: self.neighbors.clone(),
-        };
+        let (mut live, mut up) = (vec![0; n], vec![false; n]);
         let exists = self.dims.link_dirs().bits();
         for i in 0..n {
             let Some(mine) = advertised.get(i).copied().flatten() else {
                 continue;
             };
-            v.up[i] = true;
+            up[i] = true;
             let mut bits = 0u8;
             for d in DirSet::from_bits(mine.bits() & exists).iter() {
                 let j = self.neighbors[i][usize::from(d.index())] as usize;
@@ -135,9 +133,22 @@ impl LinkView {
                     bits |= 1 << d.index();
                 }
             }
-            v.live[i] = bits;
+            live[i] = bits;
         }
-        v
+        LinkView {
+            dims: self.dims,
+            live: std::sync::Arc::new(live),
+            up: std::sync::Arc::new(up),
+            joining: Vec::new(),
+            neighbors: self.neighbors.clone(),
+        }
+    }
+
+    /// Whether every server is up, every link of the torus live and nobody joining: then
+    /// shortest paths follow from coordinates alone and need no table.
+    pub fn is_full(&self) -> bool {
+        let all = self.dims.link_dirs().bits();
+        self.joining.is_empty() && self.up.iter().all(|u| *u) && self.live.iter().all(|l| *l == all)
     }
 
     /// Marks server `c` as joining (it relays but takes no keys yet) or as taking keys.
@@ -254,6 +265,10 @@ pub struct RouteTable {
     hops: Vec<DirSet>,
     /// The view's joining servers (dense indices, sorted).
     joining: Vec<u32>,
+    /// The view was full ([`LinkView::is_full`]): distances and next hops are computed from
+    /// coordinates and the tables are empty. A simulated torus of 32768 engines could not
+    /// hold 5 bytes per server per server, nor afford a search per engine and neighbour.
+    full: bool,
 }
 
 impl RouteTable {
@@ -266,6 +281,7 @@ impl RouteTable {
             dist: Vec::new(),
             hops: Vec::new(),
             joining: Vec::new(),
+            full: false,
         };
         t.absorb(view);
         Ok(t)
@@ -278,6 +294,12 @@ impl RouteTable {
         let n = self.dims.count() as usize;
         let li = self.dims.index(self.local);
         self.joining.clone_from(&view.joining);
+        self.full = view.is_full();
+        if self.full {
+            self.dist = Vec::new();
+            self.hops = Vec::new();
+            return;
+        }
         // Search space is temporary: kept per table it cost 8 bytes per server per server,
         // which a simulated torus of thousands of engines could not afford.
         let (mut scratch_dist, mut scratch_queue) = (Vec::new(), Vec::new());
@@ -323,7 +345,34 @@ impl RouteTable {
         if !self.dims.contains(dst) {
             return DirSet::EMPTY;
         }
+        if self.full {
+            return self.full_route(dst).1;
+        }
         self.hops[self.dims.index(dst)]
+    }
+
+    /// Distance and next hops in a full torus: along each axis, the shorter way round (both
+    /// ways when they tie, as on an even ring at half the way).
+    fn full_route(&self, dst: Coord) -> (u32, DirSet) {
+        let mut dist = 0;
+        let mut hops = DirSet::EMPTY;
+        for axis in Axis::ALL {
+            let k = u32::from(self.dims.along(axis));
+            let (a, b) = (
+                u32::from(self.local.along(axis)),
+                u32::from(dst.along(axis)),
+            );
+            let fwd = (b + k - a) % k;
+            let back = (k - fwd) % k;
+            dist += fwd.min(back);
+            if fwd != 0 && fwd <= back {
+                hops = hops.with(Dir::new(axis, true));
+            }
+            if back != 0 && back <= fwd {
+                hops = hops.with(Dir::new(axis, false));
+            }
+        }
+        (dist, hops)
     }
 
     /// Hop count to `dst` over live links, `None` when unreachable.
@@ -331,6 +380,9 @@ impl RouteTable {
     pub fn distance(&self, dst: Coord) -> Option<u32> {
         if !self.dims.contains(dst) {
             return None;
+        }
+        if self.full {
+            return Some(self.full_route(dst).0);
         }
         let d = self.dist[self.dims.index(dst)];
         (d != UNREACHABLE).then_some(d)
@@ -399,6 +451,43 @@ mod tests {
                     }
                 }
                 assert_eq!(base.from_advertised(&adv), want);
+            }
+        }
+    }
+
+    #[test]
+    fn routes_from_coordinates_in_a_full_torus_are_the_searched_ones() {
+        for (x, y, z) in [
+            (4, 4, 4),
+            (5, 3, 2),
+            (2, 2, 2),
+            (6, 1, 1),
+            (3, 4, 1),
+            (1, 1, 1),
+        ] {
+            let dims = Dims::new(x, y, z).unwrap();
+            let view = LinkView::all_up(dims).unwrap();
+            assert!(view.is_full());
+            for from in dims.coords() {
+                let t = RouteTable::new(&view, from).unwrap();
+                assert!(t.full && t.hops.is_empty());
+                for to in dims.coords() {
+                    let (d, hops) = view.route(from, to).unwrap();
+                    assert_eq!(
+                        (t.distance(to), t.next_hops(to)),
+                        (d, hops),
+                        "{from} -> {to}"
+                    );
+                }
+            }
+            // One link down: back to searched tables.
+            if dims.count() > 1 {
+                let mut v = view.clone();
+                let c = Coord::new(0, 0, 0);
+                let d = dims.link_dirs().iter().next().unwrap();
+                v.set_link(c, d, false).unwrap();
+                assert!(!v.is_full());
+                assert!(!RouteTable::new(&v, c).unwrap().full);
             }
         }
     }
