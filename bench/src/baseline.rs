@@ -36,6 +36,10 @@ fn pin(core: usize) {
 /// UDP ping-pong.
 pub fn udp_rtt(p: &Pair, count: u32, size: usize, busy: bool) -> Result<Latency, String> {
     let (nb, na) = (p.ns_b.clone(), p.ns_a.clone());
+    // The client pings only once the echo socket is bound: a datagram sent before that is
+    // answered with port-unreachable, which the client's connected socket reports as
+    // "connection refused" and the row failed for it.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || -> Result<(), String> {
         enter(&nb).map_err(|e| e.to_string())?;
         pin(1);
@@ -47,6 +51,7 @@ pub fn udp_rtt(p: &Pair, count: u32, size: usize, busy: bool) -> Result<Latency,
             Some(Duration::from_secs(5))
         })
         .map_err(|e| e.to_string())?;
+        let _ = ready_tx.send(());
         let mut buf = vec![0u8; 65536];
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut served = 0;
@@ -62,6 +67,12 @@ pub fn udp_rtt(p: &Pair, count: u32, size: usize, busy: bool) -> Result<Latency,
         }
         Ok(())
     });
+    if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
+        return Err(match server.join() {
+            Ok(Err(e)) => format!("udp echo: {e}"),
+            _ => "udp echo: not ready within 10 s".into(),
+        });
+    }
     let client = std::thread::spawn(move || -> Result<Vec<u64>, String> {
         enter(&na).map_err(|e| e.to_string())?;
         pin(0);

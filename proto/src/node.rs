@@ -431,26 +431,9 @@ impl Node {
         let Ok(h) = FrameView::new_checked(frame).and_then(|v| Header::parse(&v)) else {
             return RxAction::Drop(DropReason::Malformed);
         };
-        // Our own key-routed frame may come back when a key's root moved while it travelled;
-        // a server-addressed frame from ourselves is bogus.
-        let from_self = h.src == self.local && matches!(h.dst, Dest::Server(_));
-        if !self.dims.contains(h.src) || from_self {
-            return RxAction::Drop(DropReason::BadSource);
-        }
-        if h.kind == Kind::Control {
-            return RxAction::Drop(DropReason::Malformed);
-        }
-        let dest = match h.dst {
-            Dest::Server(d) => {
-                if !self.dims.contains(d) {
-                    return RxAction::Drop(DropReason::Malformed);
-                }
-                d
-            }
-            Dest::Key(k) => match self.routes.key_root(k) {
-                Some(r) => r,
-                None => return RxAction::Drop(DropReason::Unreachable),
-            },
+        let dest = match self.judge(&h) {
+            Ok(d) => d,
+            Err(why) => return RxAction::Drop(why),
         };
         if dest == self.local {
             return self.deliver(now, &h, frame);
@@ -462,6 +445,52 @@ impl Node {
                 }
             }
         }
+        self.pass_on(dest, frame)
+    }
+
+    /// [`Node::handle_rx`] for a holder of only the first bytes of a frame of `frame_len`
+    /// bytes, `head` (at least the headers): the simulator keeps the payloads of frames in
+    /// flight out of memory. `Some(action)` is what `handle_rx` decides from the headers
+    /// alone (passed on, with TTL and hop count updated in `head`, or dropped); `None`
+    /// when the payload is needed here (the frame is for this server, or an interceptor
+    /// reads it): then call `handle_rx` with the whole frame.
+    pub fn handle_rx_head(&mut self, head: &mut [u8], frame_len: usize) -> Option<RxAction> {
+        let Ok(h) = Header::parse_head(head, frame_len) else {
+            return Some(RxAction::Drop(DropReason::Malformed));
+        };
+        let dest = match self.judge(&h) {
+            Ok(d) => d,
+            Err(why) => return Some(RxAction::Drop(why)),
+        };
+        let intercepted =
+            h.has(flags::INTERCEPT) && self.interceptors.iter().any(|(s, _)| *s == h.service);
+        if dest == self.local || intercepted {
+            return None;
+        }
+        Some(self.pass_on(dest, head))
+    }
+
+    /// Where a received frame goes by its header: the server it is for (this one or one
+    /// further on), or why it is dropped.
+    fn judge(&self, h: &Header) -> Result<Coord, DropReason> {
+        // Our own key-routed frame may come back when a key's root moved while it travelled;
+        // a server-addressed frame from ourselves is bogus.
+        let from_self = h.src == self.local && matches!(h.dst, Dest::Server(_));
+        if !self.dims.contains(h.src) || from_self {
+            return Err(DropReason::BadSource);
+        }
+        if h.kind == Kind::Control {
+            return Err(DropReason::Malformed);
+        }
+        match h.dst {
+            Dest::Server(d) if self.dims.contains(d) => Ok(d),
+            Dest::Server(_) => Err(DropReason::Malformed),
+            Dest::Key(k) => self.routes.key_root(k).ok_or(DropReason::Unreachable),
+        }
+    }
+
+    /// Passes a frame for `dest` on: its next hops, TTL and hop count updated in `frame`.
+    fn pass_on(&mut self, dest: Coord, frame: &mut [u8]) -> RxAction {
         let hops = self.routes.next_hops(dest);
         if hops.is_empty() {
             return RxAction::Drop(DropReason::Unreachable);

@@ -271,6 +271,13 @@ impl Header {
         }
     }
 
+    /// The header of a frame of `frame_len` bytes of which only the first, `head` (at
+    /// least the headers), are at hand: checked as [`FrameView::new_checked`] checks the
+    /// whole frame. For a forwarder that never reads the payload.
+    pub fn parse_head(head: &[u8], frame_len: usize) -> Result<Header, WireError> {
+        Header::parse(&FrameView::check(head, frame_len)?)
+    }
+
     /// Parses a checked view.
     pub fn parse(v: &FrameView<'_>) -> Result<Header, WireError> {
         let kind = Kind::from_u8(v.kind_raw())?;
@@ -390,7 +397,13 @@ impl<'a> FrameView<'a> {
     /// Checks that `buf` holds a torus frame of a known version whose payload fits.
     /// Trailing bytes beyond the payload (Ethernet padding) are allowed and ignored.
     pub fn new_checked(buf: &'a [u8]) -> Result<FrameView<'a>, WireError> {
-        if buf.len() < HEADERS_LEN {
+        Self::check(buf, buf.len())
+    }
+
+    /// The checks of [`FrameView::new_checked`] on a frame of `frame_len` bytes of which
+    /// `buf` holds the first (at least the headers).
+    fn check(buf: &'a [u8], frame_len: usize) -> Result<FrameView<'a>, WireError> {
+        if buf.len() < HEADERS_LEN || frame_len < buf.len() {
             return Err(WireError::Truncated {
                 have: buf.len(),
                 need: HEADERS_LEN,
@@ -412,7 +425,7 @@ impl<'a> FrameView<'a> {
         if v.u32_at(offset::RESERVED) != 0 {
             return Err(WireError::ReservedField);
         }
-        let have = buf.len() - HEADERS_LEN;
+        let have = frame_len - HEADERS_LEN;
         let claimed = v.payload_len();
         if claimed > have {
             return Err(WireError::PayloadLength { claimed, have });

@@ -5,6 +5,7 @@
 //! control process. Servers then disagree while a failure spreads, which is the case
 //! CamCube's churn experiment is about (CamCubeOS paper 4.2.5).
 
+use super::frame::SimFrame;
 use super::{Sim, Time};
 use crate::control::{ControlConfig, ControlEvent, ControlNode};
 use crate::node::Node;
@@ -124,7 +125,7 @@ impl Sim {
             let _ = self.nodes[i].set_view(v);
         }
         for (d, f) in out {
-            self.transmit(i, d, f);
+            self.transmit(i, d, SimFrame::whole(f));
         }
     }
 }

@@ -5,6 +5,7 @@
 //! protocol: it only moves frames between engines and keeps time.
 
 mod control;
+mod frame;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -15,9 +16,9 @@ use crate::node::{DropReason, Event, MsgOptions, Node, RxAction, Target};
 use crate::routing::LinkView;
 use crate::time::Time;
 use crate::topology::{Coord, Dims, Dir, DirSet};
-use crate::transport::pool::BufferPool;
 use crate::transport::{Config, SendError};
 use crate::wire::ETH_LEN;
+use frame::{FramePool, SimFrame};
 
 /// The simulated network.
 #[derive(Debug, Clone, Copy)]
@@ -42,7 +43,7 @@ pub struct SimConfig {
 #[derive(Debug)]
 struct OnWire {
     arrive: Time,
-    frame: Vec<u8>,
+    frame: SimFrame,
 }
 
 #[derive(Debug, Default)]
@@ -53,51 +54,6 @@ struct Link {
     far: u32,
     /// Whether the link is live in the current view (cached from the view per change).
     live: bool,
-}
-
-/// Frame buffers kept for reuse, in two size classes: allocating and freeing a 9 KB
-/// buffer per hop cost more than forwarding it.
-#[derive(Debug)]
-struct FramePool {
-    full: BufferPool,
-    small: BufferPool,
-}
-
-/// Frames up to this size (ACKs, NACKs, short messages) live in small buffers, so queued
-/// control frames do not each hold a jumbo buffer.
-const SMALL_FRAME: usize = 256;
-/// Buffers each class of the pool keeps.
-const POOL_LIMIT: usize = 4096;
-
-impl Default for FramePool {
-    fn default() -> FramePool {
-        FramePool {
-            full: BufferPool::new(POOL_LIMIT),
-            small: BufferPool::new(POOL_LIMIT),
-        }
-    }
-}
-
-impl FramePool {
-    /// A buffer of exactly `len` bytes (contents unspecified).
-    fn take(&mut self, len: usize) -> Vec<u8> {
-        let class = if len <= SMALL_FRAME {
-            &mut self.small
-        } else {
-            &mut self.full
-        };
-        let mut b = class.take_any();
-        b.resize(len, 0);
-        b
-    }
-
-    fn give(&mut self, b: Vec<u8>) {
-        if b.capacity() <= SMALL_FRAME {
-            self.small.give(b);
-        } else {
-            self.full.give(b);
-        }
-    }
 }
 
 /// Counters of a run.
@@ -153,7 +109,7 @@ pub struct Sim {
     frame_ns: u64,
     /// Frames in transit waiting for a next hop with room (CamCube queues forwarded packets
     /// rather than dropping them when a link is busy); bounded per server.
-    transit: Vec<VecDeque<(DirSet, Vec<u8>)>>,
+    transit: Vec<VecDeque<(DirSet, SimFrame)>>,
     /// Every server's own control plane, when the simulator runs them
     /// ([`Sim::enable_control`]); empty when every server shares the simulator's view.
     control: Vec<ControlNode>,
@@ -283,7 +239,7 @@ impl Sim {
         self.stats.lost_with_sender += self.nodes[i].queued_key_messages() as u64;
         self.stats.lost_on_failure += self.transit[i].len() as u64;
         for (_, f) in std::mem::take(&mut self.transit[i]) {
-            self.pool.give(f);
+            self.pool.give_frame(f);
         }
     }
 
@@ -404,16 +360,9 @@ impl Sim {
         let now = self.now;
         let mut buf = self.pool.take(ETH_LEN + self.cfg.transport.mtu);
         match self.nodes[i].poll_transmit(now, room, &mut buf) {
-            Some((dir, len)) if len <= SMALL_FRAME => {
-                let mut small = self.pool.take(len);
-                small.copy_from_slice(&buf[..len]);
-                self.pool.give(buf);
-                self.transmit(i, dir, small);
-                true
-            }
             Some((dir, len)) => {
-                buf.truncate(len);
-                self.transmit(i, dir, buf);
+                let f = self.pool.frame(buf, len);
+                self.transmit(i, dir, f);
                 true
             }
             None => {
@@ -423,7 +372,7 @@ impl Sim {
         }
     }
 
-    fn transmit(&mut self, i: usize, dir: Dir, frame: Vec<u8>) {
+    fn transmit(&mut self, i: usize, dir: Dir, frame: SimFrame) {
         let id = i * 6 + usize::from(dir.index());
         let l = &mut self.links[id];
         let j = l.far as usize;
@@ -432,17 +381,17 @@ impl Sim {
         l.busy_until = Time(start.0 + tx);
         let arrive = Time(start.0 + tx) + self.cfg.delay;
         self.stats.frames_sent += 1;
-        let control = is_control(&frame);
+        let control = is_control(&frame.head);
         self.stats.control_frames += u64::from(control);
         if !self.up[j] || !l.live {
             // A hello into a dead server is how its death is noticed, not a loss of data.
             self.stats.lost_on_failure += u64::from(!control);
-            self.pool.give(frame);
+            self.pool.give_frame(frame);
             return;
         }
         if l.wire.is_empty() {
             self.heap
-                .push(Reverse((arrive, id as u32, frame.as_ptr() as usize)));
+                .push(Reverse((arrive, id as u32, frame.head.as_ptr() as usize)));
         }
         l.wire.push_back(OnWire { arrive, frame });
     }
@@ -525,7 +474,7 @@ impl Sim {
             // and a push.
             match (l.wire.front(), self.heap.peek_mut()) {
                 (Some(next), Some(mut top)) => {
-                    *top = Reverse((next.arrive, id as u32, next.frame.as_ptr() as usize));
+                    *top = Reverse((next.arrive, id as u32, next.frame.head.as_ptr() as usize));
                 }
                 (_, top) => {
                     if let Some(top) = top {
@@ -616,7 +565,7 @@ impl Sim {
         &mut self,
         t: Time,
         id: usize,
-        mut frame: Vec<u8>,
+        frame: SimFrame,
         on_event: &mut impl FnMut(Time, usize, Event),
     ) {
         let Some(dir) = Dir::from_index((id % 6) as u8) else {
@@ -624,14 +573,14 @@ impl Sim {
         };
         let n = self.links[id].far as usize;
         if !self.up[n] {
-            self.stats.lost_on_failure += u64::from(!is_control(&frame));
-            self.pool.give(frame);
+            self.stats.lost_on_failure += u64::from(!is_control(&frame.head));
+            self.pool.give_frame(frame);
             return;
         }
         if !self.control.is_empty() {
-            if is_control(&frame) {
-                self.control[n].handle_frame(t, dir.opposite(), &frame);
-                self.pool.give(frame);
+            if is_control(&frame.head) {
+                self.control[n].handle_frame(t, dir.opposite(), &frame.head);
+                self.pool.give_frame(frame);
                 self.service(n);
                 return;
             }
@@ -640,15 +589,33 @@ impl Sim {
                 self.run_control(n);
             }
         }
+        // A frame held as its head is judged on it when the engine can (passing through);
+        // otherwise it is rebuilt and handed over whole.
+        let (action, frame) = if frame.is_compact() {
+            let mut frame = frame;
+            let len = frame.len();
+            match self.nodes[n].handle_rx_head(&mut frame.head, len) {
+                Some(a) => (a, frame),
+                None => {
+                    let mut whole = self.pool.expand(frame);
+                    let a = self.nodes[n].handle_rx(t, dir.opposite(), &mut whole);
+                    (a, SimFrame::whole(whole))
+                }
+            }
+        } else {
+            let mut whole = frame.head;
+            let a = self.nodes[n].handle_rx(t, dir.opposite(), &mut whole);
+            (a, SimFrame::whole(whole))
+        };
         let mut passed_on = false;
-        match self.nodes[n].handle_rx(t, dir.opposite(), &mut frame) {
-            RxAction::Consumed => self.pool.give(frame),
+        match action {
+            RxAction::Consumed => self.pool.give_frame(frame),
             RxAction::Drop(why) => {
                 self.stats.dropped_engine += 1;
                 if let Some(k) = DropReason::ALL.iter().position(|r| *r == why) {
                     self.stats.dropped_by[k] += 1;
                 }
-                self.pool.give(frame);
+                self.pool.give_frame(frame);
             }
             RxAction::Forward(hops) => {
                 let room = self.room(n, true);
@@ -664,7 +631,7 @@ impl Sim {
                     }
                     _ => {
                         self.stats.dropped_no_room += 1;
-                        self.pool.give(frame);
+                        self.pool.give_frame(frame);
                     }
                 }
             }
