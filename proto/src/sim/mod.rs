@@ -6,9 +6,9 @@
 
 mod control;
 mod frame;
+mod queue;
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::control::ControlNode;
@@ -96,7 +96,7 @@ pub struct Sim {
     /// Pending events, `(time, id, address)`: `id` below `links.len()` is the head frame of
     /// that link arriving (`address` locates its bytes, only to prefetch them); above it, a
     /// wake-up of server `id - links.len()`. Ties go by id, so a run is deterministic.
-    heap: BinaryHeap<Reverse<(Time, u32, usize)>>,
+    heap: queue::EventQueue,
     now: Time,
     view: LinkView,
     /// When each node asked to be woken next (to avoid piling up wake events).
@@ -145,7 +145,7 @@ impl Sim {
                     }
                 })
                 .collect(),
-            heap: BinaryHeap::new(),
+            heap: queue::EventQueue::default(),
             now: Time::ZERO,
             view,
             wake_at: vec![None; n],
@@ -206,8 +206,7 @@ impl Sim {
             return;
         }
         self.wake_at[node] = Some(at);
-        self.heap
-            .push(Reverse((at, (self.links.len() + node) as u32, 0)));
+        self.heap.push((at, (self.links.len() + node) as u32, 0));
     }
 
     /// Sends a message from server `i` (the engine decides everything else).
@@ -391,7 +390,7 @@ impl Sim {
         }
         if l.wire.is_empty() {
             self.heap
-                .push(Reverse((arrive, id as u32, frame.head.as_ptr() as usize)));
+                .push((arrive, id as u32, frame.head.as_ptr() as usize));
         }
         l.wire.push_back(OnWire { arrive, frame });
     }
@@ -448,7 +447,7 @@ impl Sim {
                 on_event(self.now, n, e);
             }
         }
-        while let Some(&Reverse((t, id, _))) = self.heap.peek() {
+        while let Some((t, id, _)) = self.heap.peek() {
             if t > until {
                 break;
             }
@@ -468,19 +467,12 @@ impl Sim {
                 }
                 continue;
             }
+            self.heap.pop();
             let l = &mut self.links[id];
             let frame = l.wire.pop_front().map(|w| w.frame);
-            // The link's next frame takes its place in the heap: one sift instead of a pop
-            // and a push.
-            match (l.wire.front(), self.heap.peek_mut()) {
-                (Some(next), Some(mut top)) => {
-                    *top = Reverse((next.arrive, id as u32, next.frame.head.as_ptr() as usize));
-                }
-                (_, top) => {
-                    if let Some(top) = top {
-                        std::collections::binary_heap::PeekMut::pop(top);
-                    }
-                }
+            if let Some(next) = l.wire.front() {
+                self.heap
+                    .push((next.arrive, id as u32, next.frame.head.as_ptr() as usize));
             }
             self.touch_next();
             if let Some(frame) = frame {
@@ -552,8 +544,8 @@ impl Sim {
     /// Starts loading the header of the frame the next event delivers. Frames wait on links
     /// long enough to leave the cache, so reading a header is a memory miss per hop; issued
     /// one event ahead, it overlaps with this event's work instead of stalling the next.
-    fn touch_next(&self) {
-        if let Some(&Reverse((_, _, at))) = self.heap.peek() {
+    fn touch_next(&mut self) {
+        if let Some((_, _, at)) = self.heap.peek() {
             if at != 0 {
                 prefetch(at as *const u8);
             }
