@@ -14,7 +14,7 @@ use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Dir, DirSet};
 use torusnet_proto::transport::{FailReason, SendError};
-use torusnet_proto::wire::{Dest, FrameView, Header, Kind};
+use torusnet_proto::wire::{Dest, FrameView, Header, Kind, HEADERS_LEN};
 
 use crate::config::Polling;
 use crate::counters::{add, LinkCounters};
@@ -590,6 +590,10 @@ impl Poller {
             self.recycle_parts(i, parts);
             return;
         }
+        if self.forward_by_head(i, &parts, total) {
+            self.recycle_parts(i, parts);
+            return;
+        }
         let mut at = 0;
         for p in &parts {
             let s = self.umem.slice(p.addr, p.len as usize);
@@ -633,6 +637,45 @@ impl Poller {
             self.scratch = scratch;
         }
         self.recycle_parts(i, parts);
+    }
+
+    /// Handles a multi-buffer frame passing through (or dropped) from its first buffer
+    /// alone, which holds its headers: a jumbo frame forwarded is moved between rings
+    /// without being copied into one piece. False when the frame is for this server, an
+    /// interceptor reads it, or the first buffer is not all headers and neighbour: the
+    /// caller then assembles it.
+    fn forward_by_head(&mut self, i: usize, parts: &[XdpDesc], total: usize) -> bool {
+        let Some(&first) = parts.first() else {
+            return false;
+        };
+        let n = first.len as usize;
+        if n < HEADERS_LEN || !self.check_mac(i, self.umem.slice(first.addr, n)) {
+            return false;
+        }
+        let head = self.umem.slice_mut(first.addr, n);
+        let Some(action) = self.node.handle_rx_head(head, total) else {
+            return false;
+        };
+        match action {
+            RxAction::Forward(hops) => {
+                if !self.forward(i, hops, parts) {
+                    add(&self.counters(i).drop_no_room, 1);
+                    self.release_parts(parts);
+                }
+            }
+            RxAction::Drop(r) => {
+                self.counters(i).drop(r);
+                self.release_parts(parts);
+            }
+            RxAction::Consumed => self.release_parts(parts),
+        }
+        true
+    }
+
+    fn release_parts(&mut self, parts: &[XdpDesc]) {
+        for p in parts {
+            self.umem.release(p.addr);
+        }
     }
 
     /// Gives the (emptied) parts vector back to port `i`, keeping its allocation.
