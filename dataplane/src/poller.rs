@@ -579,14 +579,9 @@ impl Poller {
         let c = self.counters(i);
         add(&c.rx_frames, 1);
         add(&c.rx_bytes, total as u64);
-        let release = |umem: &mut Umem, parts: &[XdpDesc]| {
-            for p in parts {
-                umem.release(p.addr);
-            }
-        };
         if total > self.scratch.len() {
             add(&self.counters(i).drop_malformed, 1);
-            release(&mut self.umem, &parts);
+            self.release_parts(&parts);
             self.recycle_parts(i, parts);
             return;
         }
@@ -602,12 +597,12 @@ impl Poller {
         }
         if !self.check_mac(i, &self.scratch[..total]) {
             add(&self.counters(i).drop_bad_mac, 1);
-            release(&mut self.umem, &parts);
+            self.release_parts(&parts);
         } else {
             if let Some(owner) = self.foreign_owner(&self.scratch[..total]) {
                 let bytes = self.scratch[..total].to_vec();
                 self.hand_off(owner, Handoff::Deliver(bytes));
-                release(&mut self.umem, &parts);
+                self.release_parts(&parts);
                 self.recycle_parts(i, parts);
                 return;
             }
@@ -615,10 +610,10 @@ impl Poller {
             let mut scratch = std::mem::take(&mut self.scratch);
             let action = self.node.handle_rx(now, dir, &mut scratch[..total]);
             match action {
-                RxAction::Consumed => release(&mut self.umem, &parts),
+                RxAction::Consumed => self.release_parts(&parts),
                 RxAction::Drop(r) => {
                     self.counters(i).drop(r);
-                    release(&mut self.umem, &parts);
+                    self.release_parts(&parts);
                 }
                 RxAction::Forward(hops) => {
                     // The header (TTL) changed in the scratch copy; it lies in the first
@@ -630,7 +625,7 @@ impl Poller {
                         .copy_from_slice(&scratch[..n]);
                     if !self.forward(i, hops, &parts) {
                         add(&self.counters(i).drop_no_room, 1);
-                        release(&mut self.umem, &parts);
+                        self.release_parts(&parts);
                     }
                 }
             }

@@ -69,15 +69,14 @@ impl FramePool {
     /// byte value, else in a buffer of its size. `buf` comes from [`FramePool::take`] and
     /// is given back or kept.
     pub(super) fn frame(&mut self, mut buf: Vec<u8>, len: usize) -> SimFrame {
-        let run = trailing_run(&buf[..len], HEADERS_LEN);
-        let keep = len - run;
-        if run >= MIN_RUN || len <= SMALL_FRAME {
+        // Runs too short to be worth rebuilding stay bytes; small frames move to a small
+        // buffer either way.
+        let run = Some(trailing_run(&buf[..len], HEADERS_LEN))
+            .filter(|r| *r >= MIN_RUN)
+            .unwrap_or(0);
+        if run > 0 || len <= SMALL_FRAME {
             let fill = buf[..len].last().copied().unwrap_or(0);
-            let (keep, run) = if run >= MIN_RUN {
-                (keep, run)
-            } else {
-                (len, 0)
-            };
+            let keep = len - run;
             let mut head = self.take(keep);
             head.copy_from_slice(&buf[..keep]);
             self.give(buf);

@@ -583,21 +583,20 @@ impl Sim {
         }
         // A frame held as its head is judged on it when the engine can (passing through);
         // otherwise it is rebuilt and handed over whole.
-        let (action, frame) = if frame.is_compact() {
-            let mut frame = frame;
-            let len = frame.len();
-            match self.nodes[n].handle_rx_head(&mut frame.head, len) {
-                Some(a) => (a, frame),
-                None => {
-                    let mut whole = self.pool.expand(frame);
-                    let a = self.nodes[n].handle_rx(t, dir.opposite(), &mut whole);
-                    (a, SimFrame::whole(whole))
-                }
-            }
+        let mut frame = frame;
+        let len = frame.len();
+        let by_head = if frame.is_compact() {
+            self.nodes[n].handle_rx_head(&mut frame.head, len)
         } else {
-            let mut whole = frame.head;
-            let a = self.nodes[n].handle_rx(t, dir.opposite(), &mut whole);
-            (a, SimFrame::whole(whole))
+            None
+        };
+        let (action, frame) = match by_head {
+            Some(a) => (a, frame),
+            None => {
+                let mut whole = self.pool.expand(frame);
+                let a = self.nodes[n].handle_rx(t, dir.opposite(), &mut whole);
+                (a, SimFrame::whole(whole))
+            }
         };
         let mut passed_on = false;
         match action {
