@@ -101,6 +101,7 @@ pub fn render(status: &Value) -> String {
         "intercepted",
         "key_no_root",
         "inbox_overflow",
+        "no_service",
         "handoffs",
     ] {
         if let Some(v) = engine[k].as_f64() {

@@ -171,6 +171,8 @@ pub struct Poller {
     /// Events for services whose inbox was full.
     overflow: VecDeque<(u16, Event)>,
     overflow_drops: u64,
+    /// Messages for a service nobody on this server hosts or attached as.
+    no_service: u64,
     /// Reassembly of multi-buffer frames and building of jumbo frames.
     scratch: Vec<u8>,
     view_version: u64,
@@ -218,6 +220,7 @@ impl Poller {
             inbox_version: u64::MAX,
             overflow: VecDeque::new(),
             overflow_drops: 0,
+            no_service: 0,
             scratch: vec![0u8; mtu + 14],
             view_version: 1,
             last_snapshot: Instant::now() - Duration::from_secs(1),
@@ -1035,8 +1038,13 @@ impl Poller {
 
     fn push_event(&mut self, service: u16, e: Event) {
         let Some(inbox) = self.inboxes.get(&service) else {
-            // No such service here: nobody to deliver to.
-            self.overflow_drops += 1;
+            // No such service here: nobody to deliver to. Counted apart from overflow, so an
+            // application that sends to a name not (or no longer) attached can be told why.
+            if matches!(e, Event::Message { .. }) {
+                self.no_service += 1;
+            } else {
+                self.overflow_drops += 1;
+            }
             return;
         };
         match inbox.queue.push(e) {
@@ -1096,6 +1104,7 @@ impl Poller {
             view_version: self.view_version,
             umem_free: self.umem.free_chunks(),
             inbox_overflow: self.overflow_drops,
+            no_service: self.no_service,
             handoffs: self.handoffs,
             pollers: 1,
             rtt: self

@@ -237,6 +237,8 @@ pub struct EngineSnapshot {
     pub umem_free: usize,
     /// Events dropped because a service did not read its inbox.
     pub inbox_overflow: u64,
+    /// Messages that arrived for a service nobody on this server hosts or attached as.
+    pub no_service: u64,
     /// Frames passed between pollers (copied).
     pub handoffs: u64,
     /// Pollers running.
@@ -647,6 +649,7 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         total.xsk.extend(s.xsk);
         total.umem_free += s.umem_free;
         total.inbox_overflow += s.inbox_overflow;
+        total.no_service += s.no_service;
         total.handoffs += s.handoffs;
         total.rtt.extend(s.rtt);
     }

@@ -50,7 +50,15 @@ fn hand_over(from: &Client, to: &Client, cap: &Capability) -> Capability {
             return Capability::decode(&data).expect("a capability");
         }
     }
-    panic!("the capability never arrived");
+    let mut told = Vec::new();
+    while let Ok(Some(e)) = from.recv(Wait::NoWait) {
+        told.push(e);
+    }
+    panic!(
+        "the capability from {:?} to {:?} never arrived; the sender was told {told:?}",
+        from.address(),
+        to.address()
+    );
 }
 
 fn data(seed: u64, n: usize) -> Vec<u8> {

@@ -127,6 +127,7 @@ impl AppsHost {
             app_efd,
         }) = self.shared.apps.pending.pop()
         {
+            info.adopted.store(true, Ordering::Release);
             self.apps.push(App {
                 info,
                 region,

@@ -179,6 +179,7 @@ fn attach(
         pid,
         uid,
         attached: Instant::now(),
+        adopted: Default::default(),
         dead: Default::default(),
         closed_why: Default::default(),
         counters: Default::default(),
@@ -233,6 +234,7 @@ fn attach(
         ));
     }
     shared.shards[0].wake();
+    wait_adopted(&info, shared).map_err(fail)?;
     let answer = json!({
         "ok": true,
         "service": service,
@@ -257,6 +259,30 @@ fn attach(
         },
     );
     Ok(info)
+}
+
+/// How long the listener waits for the first poller to take a new channel. A poller turns
+/// every few microseconds when busy and wakes at once when kicked; seconds mean it is stuck.
+const ADOPT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Waits until the host has taken `info`'s channel, kicking the first poller meanwhile.
+fn wait_adopted(info: &AppInfo, shared: &Arc<Shared>) -> Result<(), String> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    while !info.adopted.load(Ordering::Acquire) {
+        if info.dead.load(Ordering::Acquire) {
+            return Err("torusd closed the channel before handing it over".into());
+        }
+        if start.elapsed() > ADOPT_DEADLINE {
+            return Err(format!(
+                "torusd's first poller did not take the channel within {ADOPT_DEADLINE:?}: try again"
+            ));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+        shared.shards[0].wake();
+    }
+    Ok(())
 }
 
 fn request(req: &Value, info: &AppInfo, shared: &Arc<Shared>) -> Value {

@@ -77,6 +77,10 @@ pub struct AppInfo {
     pub uid: u32,
     /// When it attached.
     pub attached: Instant,
+    /// Set when the host has taken its channel: from then on, messages for its service
+    /// reach it. The listener answers the attach only after this, so an application never
+    /// holds a channel its torusd would not deliver to yet.
+    pub adopted: AtomicBool,
     /// Set when its socket closed (or the host closed its channel).
     pub dead: AtomicBool,
     /// Why the host closed its channel, if it did.
