@@ -57,6 +57,8 @@ pub struct ChurnOpts {
     pub holddown_ms: f64,
     /// Seed.
     pub seed: u64,
+    /// Threads the simulator runs on.
+    pub threads: usize,
 }
 
 impl ChurnOpts {
@@ -73,6 +75,7 @@ impl ChurnOpts {
             refresh_s: 10.0,
             holddown_ms: 200.0,
             seed: 1,
+            threads: 1,
         }
     }
 }
@@ -198,7 +201,7 @@ pub fn churn(o: &ChurnOpts, cfg: torusnet_proto::sim::SimConfig) -> Result<Churn
     let own = o.views == Views::Own;
     crate::procmem::reset_peak();
     let t0 = Instant::now();
-    let mut sim = Sim::new(cfg)?;
+    let mut sim = Sim::with_threads(cfg, o.threads)?;
     let dims = sim.dims();
     let n = dims.count() as usize;
     if own {

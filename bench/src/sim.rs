@@ -113,6 +113,10 @@ struct Out {
     /// Seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Threads to run the simulator on (the torus is split into as many parts, run in
+    /// parallel windows; the result is the same whatever the number).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 fn cfg(k: u16, spread_by_load: bool) -> Result<SimConfig, String> {
@@ -133,6 +137,8 @@ fn cfg(k: u16, spread_by_load: bool) -> Result<SimConfig, String> {
 #[derive(Debug, Clone, Serialize)]
 struct Point {
     servers: u64,
+    /// Threads the simulator ran on.
+    threads: usize,
     failed_pct: f64,
     load: Load,
     /// Per-server rate offered (paced load).
@@ -183,20 +189,49 @@ const PACKET: usize = 8192;
 /// All-to-all at torus size k with `fail_pct` of the servers down: per-server throughput.
 /// `to_failed`: sources keep addressing every other server, failed ones included (their
 /// packets are refused as unreachable), as a job that does not know who failed would.
-fn alltoall(
-    k: u16,
-    fail_pct: f64,
+/// How an all-to-all run is driven.
+#[derive(Debug, Clone, Copy)]
+struct Traffic {
+    /// Simulated milliseconds (the first fifth is warm-up).
     ms: f64,
     seed: u64,
     load: Load,
+    /// Sources address failed servers too.
     to_failed: bool,
+    /// Forward on the least-loaded next hop (else the first with room).
     spread: bool,
-) -> Result<Point, String> {
+    /// Threads the simulator runs on.
+    threads: usize,
+}
+
+impl Traffic {
+    #[cfg(test)]
+    fn new(ms: f64, seed: u64, load: Load) -> Traffic {
+        Traffic {
+            ms,
+            seed,
+            load,
+            to_failed: false,
+            spread: true,
+            threads: 1,
+        }
+    }
+}
+
+fn alltoall(k: u16, fail_pct: f64, tr: &Traffic) -> Result<Point, String> {
+    let Traffic {
+        ms,
+        seed,
+        load,
+        to_failed,
+        spread,
+        threads,
+    } = *tr;
     crate::procmem::reset_peak();
     let rss0 = crate::procmem::rss_kib();
     let c = cfg(k, spread)?;
     let t0 = Instant::now();
-    let mut sim = Sim::new(c)?;
+    let mut sim = Sim::with_threads(c, threads)?;
     let dims = sim.dims();
     let n = dims.count() as usize;
     let mut rng = SplitMix64::new(seed);
@@ -241,6 +276,7 @@ fn alltoall(
     let (mut delivered_bytes, mut offered, mut refused, mut unreachable) = (0u64, 0, 0, 0u64);
     let mut per_server = vec![0u64; n];
     let mut t = Time::ZERO;
+    let mut batch: Vec<(usize, Target)> = Vec::new();
     while t < Time::ZERO + total {
         let now_s = t.0 as f64 / 1e9;
         for (p, &i) in live.iter().enumerate() {
@@ -264,19 +300,34 @@ fn alltoall(
                 };
                 budget -= 1;
                 offered += 1;
-                match sim.send(i, Target::Server(dims.coord(d)), 9, &msg, opts) {
+                let to = Target::Server(dims.coord(d));
+                if load == Load::Paced {
+                    // Paced sends do not depend on each other's outcome: all of this tick's
+                    // go out together, each part of the torus sending its own.
+                    batch.push((i, to));
+                    continue;
+                }
+                match sim.send(i, to, 9, &msg, opts) {
                     Ok(()) => {}
                     Err(SendError::Unreachable) => unreachable += 1,
-                    Err(SendError::WouldBlock) if load == Load::Reliable => {
+                    Err(SendError::WouldBlock) => {
                         offered -= 1;
                         break;
                     }
-                    // A paced packet the server cannot even queue is lost at the source.
-                    Err(SendError::WouldBlock) => refused += 1,
                     Err(e) => return Err(e.to_string()),
                 }
             }
         }
+        for r in sim.send_many(&batch, 9, &msg, opts) {
+            match r {
+                Ok(()) => {}
+                Err(SendError::Unreachable) => unreachable += 1,
+                // A paced packet the server cannot even queue is lost at the source.
+                Err(SendError::WouldBlock) => refused += 1,
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        batch.clear();
         t = t + tick;
         let measuring = |at: Time| at >= Time::ZERO + warm;
         sim.run_until(t, |at, server, e| {
@@ -299,6 +350,7 @@ fn alltoall(
     let st = sim.stats();
     Ok(Point {
         servers: n as u64,
+        threads,
         failed_pct: fail_pct,
         load,
         offered_gbps: match load {
@@ -395,19 +447,19 @@ pub fn run(a: &Args) -> Result<(), String> {
         } => {
             let mut pts = Vec::new();
             for k in list::<u16>(sizes)? {
-                let p = alltoall(
-                    k,
-                    0.0,
-                    positive("--ms", *ms)?,
-                    out.seed,
-                    *load,
-                    false,
-                    !first_hop,
-                )?;
+                let tr = Traffic {
+                    ms: positive("--ms", *ms)?,
+                    seed: out.seed,
+                    load: *load,
+                    to_failed: false,
+                    spread: !first_hop,
+                    threads: out.threads,
+                };
+                let p = alltoall(k, 0.0, &tr)?;
                 if !out.json {
                     println!(
-                        "{:>5} servers: {:.3} Gb/s per server (bound {:.3}, {:.0}%), {} events in {:.1} s = {:.2} M events/s, {:.0} KiB/server, peak {:.0} MiB",
-                        p.servers, p.per_server_gbps, p.bound_gbps, 100.0 * p.fraction_of_bound, p.events, p.wall_s, p.events_per_s / 1e6, p.memory_per_server_kib, p.peak_mib
+                        "{:>5} servers: {:.3} Gb/s per server (bound {:.3}, {:.0}%), {} events in {:.1} s on {} thread{} = {:.2} M events/s, {:.0} KiB/server, peak {:.0} MiB",
+                        p.servers, p.per_server_gbps, p.bound_gbps, 100.0 * p.fraction_of_bound, p.events, p.wall_s, p.threads, if p.threads == 1 { "" } else { "s" }, p.events_per_s / 1e6, p.memory_per_server_kib, p.peak_mib
                     );
                 }
                 pts.push(p);
@@ -459,7 +511,15 @@ pub fn run(a: &Args) -> Result<(), String> {
                     ));
                 }
                 let ms = positive("--ms", *ms)?;
-                let p = alltoall(*k, f, ms, out.seed, *load, *to_failed, !first_hop)?;
+                let tr = Traffic {
+                    ms,
+                    seed: out.seed,
+                    load: *load,
+                    to_failed: *to_failed,
+                    spread: !first_hop,
+                    threads: out.threads,
+                };
+                let p = alltoall(*k, f, &tr)?;
                 if !out.json {
                     println!(
                         "{:>4.0}% failed: {:.3} Gb/s per live server; {} events in {:.1} s = {:.2} M events/s, peak {:.0} MiB",
@@ -529,6 +589,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                     refresh_s: *refresh_s,
                     holddown_ms: *holddown_ms,
                     seed: out.seed,
+                    threads: out.threads,
                 };
                 let r = churn(&o, cfg(*k, true)?)?;
                 if !out.json {
@@ -608,12 +669,15 @@ mod tests {
         )
         .unwrap();
         assert!(no_hold.misdelivered > 0, "{no_hold:?}");
-        // The same seed, the same run.
+        // The same seed, the same run, on one thread or two.
         let again = churn(&o, cfg(4, true).unwrap()).unwrap();
-        assert_eq!(
-            (again.sent, again.delivered, again.events),
-            (r.sent, r.delivered, r.events)
-        );
+        let two = churn(&ChurnOpts { threads: 2, ..o }, cfg(4, true).unwrap()).unwrap();
+        for x in [&again, &two] {
+            assert_eq!(
+                (x.sent, x.delivered, x.dropped, x.events, x.control_frames),
+                (r.sent, r.delivered, r.dropped, r.events, r.control_frames)
+            );
+        }
     }
 
     #[test]
@@ -635,7 +699,7 @@ mod tests {
     #[test]
     fn paced_all_to_all_reaches_the_analytic_bound() {
         // CamCube's method on 64 servers: what is offered at the expected rate arrives.
-        let p = alltoall(4, 0.0, 20.0, 1, Load::Paced, false, true).unwrap();
+        let p = alltoall(4, 0.0, &Traffic::new(20.0, 1, Load::Paced)).unwrap();
         assert!(p.fraction_of_bound > 0.93, "{p:?}");
         assert!(p.fraction_of_bound < 1.0, "{p:?}");
         assert_eq!(p.dropped_no_room, 0, "{p:?}");
@@ -643,8 +707,8 @@ mod tests {
 
     #[test]
     fn failures_cost_throughput_and_stay_under_the_live_bound() {
-        let whole = alltoall(4, 0.0, 10.0, 2, Load::Paced, false, true).unwrap();
-        let failed = alltoall(4, 20.0, 10.0, 2, Load::Paced, false, true).unwrap();
+        let whole = alltoall(4, 0.0, &Traffic::new(10.0, 2, Load::Paced)).unwrap();
+        let failed = alltoall(4, 20.0, &Traffic::new(10.0, 2, Load::Paced)).unwrap();
         assert!(failed.bound_live_gbps < whole.bound_live_gbps, "{failed:?}");
         assert!(failed.per_server_gbps < whole.per_server_gbps, "{failed:?}");
         assert!(
@@ -659,7 +723,16 @@ mod tests {
 
     #[test]
     fn impossible_settings_are_refused_not_looped_on() {
-        assert!(alltoall(2, 99.0, 1.0, 1, Load::Paced, false, true).is_err());
+        assert!(alltoall(2, 99.0, &Traffic::new(1.0, 1, Load::Paced)).is_err());
+        // No threads, or more parts than servers.
+        for threads in [0, 9] {
+            let tr = Traffic {
+                threads,
+                ..Traffic::new(1.0, 1, Load::Paced)
+            };
+            let e = alltoall(2, 0.0, &tr).unwrap_err();
+            assert!(e.contains("threads"), "{e}");
+        }
         let c = || cfg(2, true).unwrap();
         let o = ChurnOpts::camcube(1.0, 0.01);
         assert!(churn(
@@ -704,18 +777,54 @@ mod tests {
         }
     }
 
+    /// Everything a run reports but its wall time, memory and thread count.
+    fn outcome(p: &Point) -> String {
+        let mut v = serde_json::to_value(p).unwrap();
+        for k in [
+            "threads",
+            "wall_s",
+            "events_per_s",
+            "memory_per_server_kib",
+            "peak_mib",
+        ] {
+            v.as_object_mut().unwrap().remove(k);
+        }
+        v.to_string()
+    }
+
     #[test]
-    fn runs_are_deterministic() {
-        let a = alltoall(3, 10.0, 5.0, 9, Load::Reliable, true, true).unwrap();
-        let b = alltoall(3, 10.0, 5.0, 9, Load::Reliable, true, true).unwrap();
-        assert_eq!(a.events, b.events);
-        assert_eq!(a.per_server_gbps.to_bits(), b.per_server_gbps.to_bits());
-        assert_eq!(a.unreachable, b.unreachable);
+    fn runs_are_deterministic_whatever_the_threads() {
+        let tr = Traffic {
+            to_failed: true,
+            ..Traffic::new(5.0, 9, Load::Reliable)
+        };
+        let a = alltoall(4, 10.0, &tr).unwrap();
+        let b = alltoall(4, 10.0, &tr).unwrap();
+        assert_eq!(outcome(&a), outcome(&b));
+        assert!(a.events > 10_000 && a.unreachable > 0, "{a:?}");
+        // The torus in two and in three parts, run on as many threads: the same run.
+        for threads in [2, 3] {
+            let p = alltoall(4, 10.0, &Traffic { threads, ..tr }).unwrap();
+            assert_eq!(p.threads, threads);
+            assert_eq!(outcome(&a), outcome(&p), "{threads} threads");
+        }
+        let paced = Traffic::new(3.0, 4, Load::Paced);
+        let one = alltoall(6, 0.0, &paced).unwrap();
+        let two = alltoall(
+            6,
+            0.0,
+            &Traffic {
+                threads: 2,
+                ..paced
+            },
+        )
+        .unwrap();
+        assert_eq!(outcome(&one), outcome(&two));
     }
 
     #[test]
     fn small_torus_reaches_the_analytic_bound() {
-        let p = alltoall(3, 0.0, 20.0, 1, Load::Reliable, false, true).unwrap();
+        let p = alltoall(3, 0.0, &Traffic::new(20.0, 1, Load::Reliable)).unwrap();
         assert!(p.fraction_of_bound > 0.9, "{p:?}");
         assert!(p.fraction_of_bound < 1.02, "{p:?}");
     }

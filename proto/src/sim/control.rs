@@ -6,6 +6,7 @@
 //! CamCube's churn experiment is about (CamCubeOS paper 4.2.5).
 
 use super::frame::SimFrame;
+use super::part::{Ctx, Part};
 use super::{Sim, Time};
 use crate::control::{ControlConfig, ControlEvent, ControlNode};
 use crate::node::Node;
@@ -19,9 +20,12 @@ impl Sim {
     /// [`Sim::restart`] are the only way servers fail and return ([`Sim::set_server`]
     /// belongs to the shared-view mode). The views form within a few hello intervals.
     pub fn enable_control(&mut self, template: &ControlConfig) {
-        let n = self.nodes.len();
+        let n = self.up.len();
         self.control_template = Some(template.clone());
-        self.control = (0..n).map(|i| self.new_control(i, 1)).collect();
+        for p in 0..self.parts.len() {
+            let (lo, len) = (self.parts[p].lo, self.parts[p].len());
+            self.parts[p].control = (lo..lo + len).map(|i| self.new_control(i, 1)).collect();
+        }
         for i in 0..n {
             let now = self.now;
             self.wake(i, now);
@@ -30,12 +34,13 @@ impl Sim {
 
     /// Whether the servers run their own control planes.
     pub fn has_control(&self) -> bool {
-        !self.control.is_empty()
+        self.control_template.is_some()
     }
 
     /// Server `i`'s control plane, when the servers run their own.
     pub fn control(&self, i: usize) -> Option<&ControlNode> {
-        self.control.get(i)
+        let (p, li) = self.at(i);
+        self.parts[p].control.get(li)
     }
 
     fn new_control(&self, i: usize, incarnation: u64) -> ControlNode {
@@ -60,7 +65,7 @@ impl Sim {
     /// which learns the torus from its neighbours. Only with [`Sim::enable_control`].
     pub fn restart(&mut self, c: Coord) {
         let i = self.cfg.dims.index(c);
-        if self.up[i] || self.control.is_empty() {
+        if self.up[i] || !self.has_control() {
             return;
         }
         let Ok(mut view) = LinkView::all_up(self.cfg.dims) else {
@@ -77,15 +82,19 @@ impl Sim {
         let Ok(node) = Node::new(c, view, tc) else {
             return;
         };
-        self.stats.key_no_root += self.nodes[i].stats().key_no_root;
-        self.nodes[i] = node;
-        self.control[i] = self.new_control(i, incarnation);
+        self.retired.key_no_root += self.node(i).stats().key_no_root;
+        let ctl = self.new_control(i, incarnation);
+        let (p, li) = self.at(i);
+        self.parts[p].nodes[li] = node;
+        self.parts[p].control[li] = ctl;
         self.up[i] = true;
         let now = self.now;
         self.wake(i, now);
     }
+}
 
-    /// Whether server `i`'s control plane has a timer due now.
+impl Part {
+    /// Whether server `i`'s (local index) control plane has a timer due now.
     pub(super) fn control_due(&self, i: usize) -> bool {
         self.control
             .get(i)
@@ -93,7 +102,7 @@ impl Sim {
             .is_some_and(|t| t <= self.now)
     }
 
-    /// When server `i`'s control plane next needs to run, if later than now.
+    /// When server `i`'s (local index) control plane next needs to run, if later than now.
     pub(super) fn control_timeout(&self, i: usize) -> Option<Time> {
         self.control
             .get(i)
@@ -101,9 +110,9 @@ impl Sim {
             .filter(|t| *t > self.now)
     }
 
-    /// Runs server `i`'s control plane if a timer is due, puts its frames on the links and
+    /// Runs server `i`'s (local index) control plane if a timer is due, puts its frames on the links and
     /// hands a changed view to the engine.
-    pub(super) fn run_control(&mut self, i: usize) {
+    pub(super) fn run_control(&mut self, ctx: &Ctx<'_>, i: usize) {
         let now = self.now;
         let Some(ctl) = self.control.get_mut(i) else {
             return;
@@ -125,7 +134,7 @@ impl Sim {
             let _ = self.nodes[i].set_view(v);
         }
         for (d, f) in out {
-            self.transmit(i, d, SimFrame::whole(f));
+            self.transmit(ctx, i, d, SimFrame::whole(f));
         }
     }
 }

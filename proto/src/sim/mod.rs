@@ -6,19 +6,21 @@
 
 mod control;
 mod frame;
+mod part;
 mod queue;
+mod window;
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::control::ControlNode;
-use crate::node::{DropReason, Event, MsgOptions, Node, RxAction, Target};
+use crate::node::{Event, MsgOptions, Node, Target};
 use crate::routing::LinkView;
 use crate::time::Time;
-use crate::topology::{Coord, Dims, Dir, DirSet};
+use crate::topology::{Coord, Dims, Dir};
 use crate::transport::{Config, SendError};
 use crate::wire::ETH_LEN;
-use frame::{FramePool, SimFrame};
+use frame::SimFrame;
+use part::{Ctx, Part};
 
 /// The simulated network.
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +51,8 @@ struct OnWire {
 #[derive(Debug, Default)]
 struct Link {
     busy_until: Time,
+    /// Frames on their way when the far end is in the same part (else they wait in the far
+    /// part's `inbound`).
     wire: VecDeque<OnWire>,
     /// The server at the far end.
     far: u32,
@@ -78,7 +82,7 @@ pub struct SimStats {
     /// Key-routed messages their source dropped: no server took keys in its view (engines
     /// replaced by a restart included).
     pub key_no_root: u64,
-    /// Frames the engines dropped, by reason (in [`DropReason::ALL`]'s order).
+    /// Frames the engines dropped, by reason (in [`crate::node::DropReason::ALL`]'s order).
     pub dropped_by: [u64; 7],
     /// Frames a server forwarded back over the link they came in on (views that disagree
     /// bounce a frame between two servers until one of them learns).
@@ -87,55 +91,80 @@ pub struct SimStats {
     pub control_frames: u64,
 }
 
+impl SimStats {
+    /// Adds `o`'s counts to these.
+    fn add(&mut self, o: &SimStats) {
+        self.events += o.events;
+        self.wakes += o.wakes;
+        self.forwarded += o.forwarded;
+        self.frames_sent += o.frames_sent;
+        self.dropped_no_room += o.dropped_no_room;
+        self.dropped_engine += o.dropped_engine;
+        self.lost_on_failure += o.lost_on_failure;
+        self.lost_with_sender += o.lost_with_sender;
+        self.key_no_root += o.key_no_root;
+        for (a, b) in self.dropped_by.iter_mut().zip(o.dropped_by) {
+            *a += b;
+        }
+        self.bounced += o.bounced;
+        self.control_frames += o.control_frames;
+    }
+}
+
 /// The simulator.
 pub struct Sim {
     cfg: SimConfig,
-    nodes: Vec<Node>,
+    /// The servers, in contiguous ranges, each with its links and pending events.
+    parts: Vec<Part>,
+    /// First server of every part, then the number of servers.
+    bounds: Vec<usize>,
+    /// Threads that run the parts.
+    threads: usize,
     up: Vec<bool>,
-    links: Vec<Link>,
-    /// Pending events, `(time, id, address)`: `id` below `links.len()` is the head frame of
-    /// that link arriving (`address` locates its bytes, only to prefetch them); above it, a
-    /// wake-up of server `id - links.len()`. Ties go by id, so a run is deterministic.
-    heap: queue::EventQueue,
     now: Time,
     view: LinkView,
-    /// When each node asked to be woken next (to avoid piling up wake events).
-    wake_at: Vec<Option<Time>>,
-    pool: FramePool,
     /// Servers serviced outside a run (by [`Sim::send`]), whose events are still to be
     /// handed out.
     serviced: Vec<u32>,
-    stats: SimStats,
+    /// Counts of engines replaced by restarts.
+    retired: SimStats,
     frame_ns: u64,
-    /// Frames in transit waiting for a next hop with room (CamCube queues forwarded packets
-    /// rather than dropping them when a link is busy); bounded per server.
-    transit: Vec<VecDeque<(DirSet, SimFrame)>>,
-    /// Every server's own control plane, when the simulator runs them
-    /// ([`Sim::enable_control`]); empty when every server shares the simulator's view.
-    control: Vec<ControlNode>,
     /// The settings every control plane starts from.
     control_template: Option<crate::control::ControlConfig>,
 }
 
-/// Frames a server holds in transit before it drops forwarded frames.
-const TRANSIT_LIMIT: usize = 256;
-
 impl Sim {
-    /// A torus with every server up and every link live.
+    /// A torus with every server up and every link live, run on one thread.
     pub fn new(cfg: SimConfig) -> Result<Sim, String> {
+        Sim::with_threads(cfg, 1)
+    }
+
+    /// A torus with every server up and every link live, its servers split into `threads`
+    /// parts run in parallel windows (see [`part`]). A run gives the same result whatever
+    /// the number of threads.
+    pub fn with_threads(cfg: SimConfig, threads: usize) -> Result<Sim, String> {
         let view = LinkView::all_up(cfg.dims).map_err(|e| e.to_string())?;
         let n = cfg.dims.count() as usize;
-        let mut nodes = Vec::with_capacity(n);
-        for c in cfg.dims.coords() {
-            nodes.push(Node::new(c, view.clone(), cfg.transport).map_err(|e| e.to_string())?);
+        if threads == 0 || threads > n {
+            return Err(format!(
+                "{threads} threads for {n} servers: 1 to {n} (one part of the torus each)"
+            ));
+        }
+        if threads > 1 && window::lookahead(&cfg) == 0 {
+            return Err("parallel runs need links with a propagation delay".into());
         }
         let frame_ns = ((cfg.transport.mtu as u64 + ETH_LEN as u64 + 24) * 8 * 1_000_000_000)
             / cfg.rate_bps.max(1);
-        Ok(Sim {
-            cfg,
-            nodes,
-            up: vec![true; n],
-            links: (0..n * 6)
+        let bounds: Vec<usize> = (0..=threads).map(|p| p * n / threads).collect();
+        let mut parts = Vec::with_capacity(threads);
+        for w in bounds.windows(2) {
+            let (lo, hi) = (w[0], w[1]);
+            let mut nodes = Vec::with_capacity(hi - lo);
+            for i in lo..hi {
+                let c = cfg.dims.coord(i);
+                nodes.push(Node::new(c, view.clone(), cfg.transport).map_err(|e| e.to_string())?);
+            }
+            let links = (lo * 6..hi * 6)
                 .map(|id| {
                     let (c, d) = (cfg.dims.coord(id / 6), Dir::ALL[id % 6]);
                     Link {
@@ -144,17 +173,20 @@ impl Sim {
                         ..Link::default()
                     }
                 })
-                .collect(),
-            heap: queue::EventQueue::default(),
+                .collect();
+            parts.push(Part::new(lo, nodes, links));
+        }
+        Ok(Sim {
+            cfg,
+            parts,
+            bounds,
+            threads,
+            up: vec![true; n],
             now: Time::ZERO,
             view,
-            wake_at: vec![None; n],
-            pool: FramePool::default(),
             serviced: Vec::new(),
-            stats: SimStats::default(),
+            retired: SimStats::default(),
             frame_ns,
-            transit: (0..n).map(|_| VecDeque::new()).collect(),
-            control: Vec::new(),
             control_template: None,
         })
     }
@@ -164,25 +196,50 @@ impl Sim {
         self.cfg.dims
     }
 
+    /// Threads (and parts of the torus) the simulator runs on.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// Simulated time now.
     pub fn now(&self) -> Time {
         self.now
     }
 
+    /// What every part reads during a window, with the parts themselves.
+    fn split(&mut self) -> (Ctx<'_>, &mut [Part]) {
+        (
+            Ctx {
+                cfg: &self.cfg,
+                up: &self.up,
+                frame_ns: self.frame_ns,
+                nlinks: self.up.len() * 6,
+                bounds: &self.bounds,
+            },
+            &mut self.parts,
+        )
+    }
+
+    /// The part server `i` is in, and its index there.
+    fn at(&self, i: usize) -> (usize, usize) {
+        let p = self.bounds.partition_point(|b| *b <= i).saturating_sub(1);
+        (p, i - self.bounds[p])
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> SimStats {
-        let mut s = self.stats;
-        s.key_no_root += self
-            .nodes
-            .iter()
-            .map(|n| n.stats().key_no_root)
-            .sum::<u64>();
+        let mut s = self.retired;
+        for p in &self.parts {
+            s.add(&p.stats);
+            s.key_no_root += p.nodes.iter().map(|n| n.stats().key_no_root).sum::<u64>();
+        }
         s
     }
 
     /// Server `i`'s engine.
     pub fn node(&self, i: usize) -> &Node {
-        &self.nodes[i]
+        let (p, li) = self.at(i);
+        &self.parts[p].nodes[li]
     }
 
     /// Whether server `i` is up.
@@ -192,7 +249,8 @@ impl Sim {
 
     /// Server `i`'s engine, to configure it (service weights and queues).
     pub fn node_mut(&mut self, i: usize) -> &mut Node {
-        &mut self.nodes[i]
+        let (p, li) = self.at(i);
+        &mut self.parts[p].nodes[li]
     }
 
     /// Server `i` as a service hosted on it sees the engine: what it sends goes out through
@@ -201,12 +259,10 @@ impl Sim {
         SimEngine { sim: self, i }
     }
 
-    fn wake(&mut self, node: usize, at: Time) {
-        if self.wake_at[node].is_some_and(|t| t <= at && t >= self.now) {
-            return;
-        }
-        self.wake_at[node] = Some(at);
-        self.heap.push((at, (self.links.len() + node) as u32, 0));
+    fn wake(&mut self, i: usize, at: Time) {
+        let (p, li) = self.at(i);
+        let (ctx, parts) = self.split();
+        parts[p].wake(&ctx, li, at);
     }
 
     /// Sends a message from server `i` (the engine decides everything else).
@@ -222,12 +278,59 @@ impl Sim {
             return Err(SendError::WouldBlock);
         }
         let now = self.now;
-        let r = self.nodes[i].send(now, target, service, data, opts);
+        let (p, li) = self.at(i);
+        let (ctx, parts) = self.split();
+        let part = &mut parts[p];
+        let r = part.nodes[li].send(now, target, service, data, opts);
         // Serviced at once, not through a wake-up event at the same instant (that was a
         // fifth of all events); what it delivers locally is handed out by the next run.
-        self.service(i);
+        part.service(&ctx, li);
         self.serviced.push(i as u32);
         r
+    }
+
+    /// Sends `data` from many servers at once: `sends[k]` is a source and its target, and
+    /// the `k`th result is what [`Sim::send`] would have returned for it. Each part sends
+    /// for its own servers, in parallel; the outcome is that of the sends one by one in
+    /// order (a send changes only its source and the links leaving it).
+    pub fn send_many(
+        &mut self,
+        sends: &[(usize, Target)],
+        service: u16,
+        data: &[u8],
+        opts: MsgOptions,
+    ) -> Vec<Result<(), SendError>> {
+        let now = self.now;
+        let threads = self.threads;
+        let mut mine: Vec<Vec<(usize, usize, Target)>> = vec![Vec::new(); self.parts.len()];
+        for (k, &(i, target)) in sends.iter().enumerate() {
+            let (p, li) = self.at(i);
+            mine[p].push((k, li, target));
+        }
+        let (ctx, parts) = self.split();
+        let done = window::each_part(parts, threads, |p, part| {
+            mine[p]
+                .iter()
+                .map(|&(k, li, target)| {
+                    if !ctx.up[part.lo + li] {
+                        return (k, Err(SendError::WouldBlock));
+                    }
+                    let r = part.nodes[li].send(now, target, service, data, opts);
+                    part.service(&ctx, li);
+                    (k, r)
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut out = vec![Ok(()); sends.len()];
+        for (k, r) in done.into_iter().flatten() {
+            out[k] = r;
+        }
+        for &(i, _) in sends {
+            if self.up[i] {
+                self.serviced.push(i as u32);
+            }
+        }
+        out
     }
 
     /// Crashes server `c`: it stops at once (frames to it are lost), but nobody knows yet:
@@ -235,11 +338,8 @@ impl Sim {
     pub fn crash(&mut self, c: Coord) {
         let i = self.cfg.dims.index(c);
         self.up[i] = false;
-        self.stats.lost_with_sender += self.nodes[i].queued_key_messages() as u64;
-        self.stats.lost_on_failure += self.transit[i].len() as u64;
-        for (_, f) in std::mem::take(&mut self.transit[i]) {
-            self.pool.give_frame(f);
-        }
+        let (p, li) = self.at(i);
+        self.parts[p].crash(li);
     }
 
     /// Fails or restores server `c` in everyone's view (as the control plane would after
@@ -251,7 +351,7 @@ impl Sim {
         }
         if up {
             if let Ok(n) = Node::new(c, self.view.clone(), self.cfg.transport) {
-                self.nodes[i] = n;
+                *self.node_mut(i) = n;
             }
             self.up[i] = true;
         } else {
@@ -259,15 +359,18 @@ impl Sim {
         }
         let _ = self.view.set_server(c, up);
         for d in Dir::ALL {
-            let id = i * 6 + usize::from(d.index());
             let live = self.view.live_dirs(c).contains(d);
-            self.links[id].live = live;
-            let far = self.links[id].far as usize;
-            self.links[far * 6 + usize::from(d.opposite().index())].live = live;
+            let (p, li) = self.at(i);
+            let l = &mut self.parts[p].links[li * 6 + usize::from(d.index())];
+            l.live = live;
+            let far = l.far as usize;
+            let (q, lf) = self.at(far);
+            self.parts[q].links[lf * 6 + usize::from(d.opposite().index())].live = live;
         }
-        for j in 0..self.nodes.len() {
+        for j in 0..self.up.len() {
             if self.up[j] {
-                let _ = self.nodes[j].set_view(self.view.clone());
+                let v = self.view.clone();
+                let _ = self.node_mut(j).set_view(v);
                 let now = self.now;
                 self.wake(j, now);
             }
@@ -279,207 +382,27 @@ impl Sim {
         &self.view
     }
 
-    /// Frames of backlog a link may hold for frames in transit, and for the server's own:
-    /// a quarter of the queue, so that traffic passing through always finds room and is not
-    /// dropped to be retransmitted end to end because a busy server filled its links.
-    fn limit(&self, transit: bool) -> u64 {
-        let q = u64::from(self.cfg.queue_frames.max(1));
-        if transit {
-            q
-        } else {
-            (q / 4).max(1)
-        }
-    }
-
-    /// Links of `i` with room in their transmit queue for transit or own frames.
-    fn room(&self, i: usize, transit: bool) -> DirSet {
-        let limit = self.frame_ns * self.limit(transit);
-        let mut r = DirSet::EMPTY;
-        for d in self.cfg.dims.link_dirs().iter() {
-            let l = &self.links[i * 6 + usize::from(d.index())];
-            if l.busy_until.0 <= self.now.0 + limit {
-                r = r.with(d);
-            }
-        }
-        r
-    }
-
-    /// Of the next hops `hops` of server `i` with room, the one with the shortest backlog:
-    /// shortest paths in a torus tie (every dimension a packet still has to cross, and both
-    /// ways round an even ring at half the way), and spreading over the ties by load is
-    /// what lets all-to-all traffic use every link.
-    fn least_loaded(&self, i: usize, hops: DirSet, room: DirSet) -> Option<Dir> {
-        let mut with_room = hops.iter().filter(|h| room.contains(*h));
-        if !self.cfg.spread_by_load {
-            return with_room.next();
-        }
-        with_room.min_by_key(|h| self.links[i * 6 + usize::from(h.index())].busy_until)
-    }
-
-    /// When a full link of `i` has drained half of what `transit` or own frames may fill,
-    /// the earliest. Waking for every single free slot would cost an event per frame sent;
-    /// refilling in batches, as a NIC's transmit ring is, still never lets the link idle.
-    fn next_room(&self, i: usize, transit: bool) -> Option<Time> {
-        let refill = self.frame_ns * (self.limit(transit) / 2).max(1);
-        self.cfg
-            .dims
-            .link_dirs()
-            .iter()
-            .map(|d| {
-                self.links[i * 6 + usize::from(d.index())]
-                    .busy_until
-                    .0
-                    .saturating_sub(refill)
-            })
-            .filter(|t| *t > self.now.0)
-            .min()
-            .map(Time)
-    }
-
-    /// Passes on the first frame in transit at `i` that has a next hop with room.
-    fn send_transit(&mut self, i: usize, room: DirSet) -> bool {
-        let Some((k, h)) = self.transit[i]
-            .iter()
-            .enumerate()
-            .find_map(|(k, (hops, _))| Some((k, self.least_loaded(i, *hops, room)?)))
-        else {
-            return false;
-        };
-        match self.transit[i].remove(k) {
-            Some((_, frame)) => {
-                self.transmit(i, h, frame);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Lets the engine of `i` put out one frame of its own on a link in `room`.
-    fn send_own(&mut self, i: usize, room: DirSet) -> bool {
-        let now = self.now;
-        let mut buf = self.pool.take(ETH_LEN + self.cfg.transport.mtu);
-        match self.nodes[i].poll_transmit(now, room, &mut buf) {
-            Some((dir, len)) => {
-                let f = self.pool.frame(buf, len);
-                self.transmit(i, dir, f);
-                true
-            }
-            None => {
-                self.pool.give(buf);
-                false
-            }
-        }
-    }
-
-    fn transmit(&mut self, i: usize, dir: Dir, frame: SimFrame) {
-        let id = i * 6 + usize::from(dir.index());
-        let l = &mut self.links[id];
-        let j = l.far as usize;
-        let start = l.busy_until.max(self.now);
-        let tx = ((frame.len() as u64 + 24) * 8 * 1_000_000_000) / self.cfg.rate_bps.max(1);
-        l.busy_until = Time(start.0 + tx);
-        let arrive = Time(start.0 + tx) + self.cfg.delay;
-        self.stats.frames_sent += 1;
-        let control = is_control(&frame.head);
-        self.stats.control_frames += u64::from(control);
-        if !self.up[j] || !l.live {
-            // A hello into a dead server is how its death is noticed, not a loss of data.
-            self.stats.lost_on_failure += u64::from(!control);
-            self.pool.give_frame(frame);
-            return;
-        }
-        if l.wire.is_empty() {
-            self.heap
-                .push((arrive, id as u32, frame.head.as_ptr() as usize));
-        }
-        l.wire.push_back(OnWire { arrive, frame });
-    }
-
-    /// Lets server `i` act: timers, then frames while its links have room.
-    fn service(&mut self, i: usize) {
-        if !self.up[i] {
-            return;
-        }
-        let now = self.now;
-        self.run_control(i);
-        if self.nodes[i].poll_timeout().is_some_and(|t| t <= now) {
-            self.nodes[i].handle_timeout(now);
-        }
-        // Frames in transit and the server's own take turns for link room, as CamCube's
-        // per-link scheduler shares a link among services; own frames only up to their
-        // smaller share of the queue.
-        let (mut transit, mut own) = (true, true);
-        while transit || own {
-            if transit {
-                let room = self.room(i, true);
-                transit =
-                    !room.is_empty() && !self.transit[i].is_empty() && self.send_transit(i, room);
-            }
-            if own {
-                let room = self.room(i, false);
-                own = !room.is_empty() && self.send_own(i, room);
-            }
-        }
-        let mut next = self.nodes[i].poll_timeout().filter(|t| *t > now);
-        if let Some(t) = self.control_timeout(i) {
-            next = Some(next.map_or(t, |n| n.min(t)));
-        }
-        let waits = [
-            (!self.transit[i].is_empty()).then(|| self.next_room(i, true)),
-            self.nodes[i]
-                .has_pending()
-                .then(|| self.next_room(i, false)),
-        ];
-        for r in waits.into_iter().flatten().flatten() {
-            next = Some(next.map_or(r, |n| n.min(r)));
-        }
-        if let Some(t) = next {
-            self.wake(i, t);
-        }
-    }
-
     /// Runs until simulated time `until`, handing every event the engines produce to
     /// `on_event(sim_time, server, event)`.
     pub fn run_until(&mut self, until: Time, mut on_event: impl FnMut(Time, usize, Event)) {
-        for n in std::mem::take(&mut self.serviced) {
-            let n = n as usize;
-            while let Some(e) = self.nodes[n].poll_event() {
-                on_event(self.now, n, e);
+        for i in std::mem::take(&mut self.serviced) {
+            let i = i as usize;
+            let now = self.now;
+            while let Some(e) = self.node_mut(i).poll_event() {
+                on_event(now, i, e);
             }
         }
-        while let Some((t, id, _)) = self.heap.peek() {
-            if t > until {
-                break;
-            }
-            self.now = t;
-            self.stats.events += 1;
-            let id = id as usize;
-            if id >= self.links.len() {
-                self.heap.pop();
-                let n = id - self.links.len();
-                self.stats.wakes += 1;
-                if self.wake_at[n] == Some(t) {
-                    self.wake_at[n] = None;
-                }
-                self.service(n);
-                while let Some(e) = self.nodes[n].poll_event() {
-                    on_event(t, n, e);
-                }
-                continue;
-            }
-            self.heap.pop();
-            let l = &mut self.links[id];
-            let frame = l.wire.pop_front().map(|w| w.frame);
-            if let Some(next) = l.wire.front() {
-                self.heap
-                    .push((next.arrive, id as u32, next.frame.head.as_ptr() as usize));
-            }
-            self.touch_next();
-            if let Some(frame) = frame {
-                self.arrive(t, id, frame, &mut on_event);
-            }
+        let threads = self.threads;
+        let lookahead = window::lookahead(&self.cfg);
+        let (ctx, parts) = self.split();
+        window::run(parts, &ctx, until, lookahead, threads);
+        for (t, _, i, e) in window::merged_events(parts) {
+            on_event(t, i, e);
         }
         self.now = self.now.max(until);
+        for p in &mut self.parts {
+            p.now = self.now;
+        }
     }
 
     /// Runs until `until` with `svc[i]` hosted on server `i`, as torusd hosts its services:
@@ -520,7 +443,7 @@ impl Sim {
                 }
             }
             let mut any = false;
-            for i in 0..svc.len().min(self.nodes.len()) {
+            for i in 0..svc.len().min(self.up.len()) {
                 if !self.up[i] {
                     continue;
                 }
@@ -534,107 +457,18 @@ impl Sim {
                     None => {}
                 }
             }
-            if !any && self.heap.is_empty() && self.serviced.is_empty() {
+            if !any && self.idle() && self.serviced.is_empty() {
                 break;
             }
         }
         other
     }
 
-    /// Starts loading the header of the frame the next event delivers. Frames wait on links
-    /// long enough to leave the cache, so reading a header is a memory miss per hop; issued
-    /// one event ahead, it overlaps with this event's work instead of stalling the next.
-    fn touch_next(&mut self) {
-        if let Some((_, _, at)) = self.heap.peek() {
-            if at != 0 {
-                prefetch(at as *const u8);
-            }
-        }
-    }
-
-    /// Hands a frame that crossed link `id` to the server at its far end.
-    fn arrive(
-        &mut self,
-        t: Time,
-        id: usize,
-        frame: SimFrame,
-        on_event: &mut impl FnMut(Time, usize, Event),
-    ) {
-        let Some(dir) = Dir::from_index((id % 6) as u8) else {
-            return;
-        };
-        let n = self.links[id].far as usize;
-        if !self.up[n] {
-            self.stats.lost_on_failure += u64::from(!is_control(&frame.head));
-            self.pool.give_frame(frame);
-            return;
-        }
-        if !self.control.is_empty() {
-            if is_control(&frame.head) {
-                self.control[n].handle_frame(t, dir.opposite(), &frame.head);
-                self.pool.give_frame(frame);
-                self.service(n);
-                return;
-            }
-            // A take-over instant due now is honoured before the frame is judged.
-            if self.control_due(n) {
-                self.run_control(n);
-            }
-        }
-        // A frame held as its head is judged on it when the engine can (passing through);
-        // otherwise it is rebuilt and handed over whole.
-        let mut frame = frame;
-        let len = frame.len();
-        let by_head = if frame.is_compact() {
-            self.nodes[n].handle_rx_head(&mut frame.head, len)
-        } else {
-            None
-        };
-        let (action, frame) = match by_head {
-            Some(a) => (a, frame),
-            None => {
-                let mut whole = self.pool.expand(frame);
-                let a = self.nodes[n].handle_rx(t, dir.opposite(), &mut whole);
-                (a, SimFrame::whole(whole))
-            }
-        };
-        let mut passed_on = false;
-        match action {
-            RxAction::Consumed => self.pool.give_frame(frame),
-            RxAction::Drop(why) => {
-                self.stats.dropped_engine += 1;
-                if let Some(k) = DropReason::ALL.iter().position(|r| *r == why) {
-                    self.stats.dropped_by[k] += 1;
-                }
-                self.pool.give_frame(frame);
-            }
-            RxAction::Forward(hops) => {
-                let room = self.room(n, true);
-                match self.least_loaded(n, hops, room) {
-                    Some(h) if self.transit[n].is_empty() => {
-                        self.stats.bounced += u64::from(h == dir.opposite());
-                        self.stats.forwarded += 1;
-                        self.transmit(n, h, frame);
-                        passed_on = true;
-                    }
-                    _ if self.transit[n].len() < TRANSIT_LIMIT => {
-                        self.transit[n].push_back((hops, frame));
-                    }
-                    _ => {
-                        self.stats.dropped_no_room += 1;
-                        self.pool.give_frame(frame);
-                    }
-                }
-            }
-        }
-        while let Some(e) = self.nodes[n].poll_event() {
-            on_event(t, n, e);
-        }
-        // A frame passed straight on changes nothing the server's own traffic or timers
-        // depend on; servicing the server for it would only cost time.
-        if !passed_on {
-            self.service(n);
-        }
+    /// Whether nothing is pending anywhere: no event, no frame between parts.
+    fn idle(&mut self) -> bool {
+        self.parts
+            .iter_mut()
+            .all(|p| p.heap.is_empty() && p.outbox.is_empty())
     }
 }
 
@@ -651,25 +485,25 @@ pub struct SimEngine<'a> {
 
 impl crate::service::Engine for SimEngine<'_> {
     fn local(&self) -> Coord {
-        self.sim.nodes[self.i].local()
+        self.sim.node(self.i).local()
     }
     fn dims(&self) -> Dims {
         self.sim.cfg.dims
     }
     fn incarnation(&self) -> u64 {
-        self.sim.nodes[self.i].transport().config().incarnation
+        self.sim.node(self.i).transport().config().incarnation
     }
     fn is_reachable(&self, c: Coord) -> bool {
-        self.sim.nodes[self.i].routes().is_reachable(c)
+        self.sim.node(self.i).routes().is_reachable(c)
     }
     fn takes_keys(&self, c: Coord) -> bool {
-        self.sim.nodes[self.i].routes().takes_keys(c)
+        self.sim.node(self.i).routes().takes_keys(c)
     }
     fn distance(&self, c: Coord) -> Option<u32> {
-        self.sim.nodes[self.i].routes().distance(c)
+        self.sim.node(self.i).routes().distance(c)
     }
     fn key_root(&self, key: u64) -> Option<Coord> {
-        self.sim.nodes[self.i].key_root(key)
+        self.sim.node(self.i).key_root(key)
     }
     fn send(
         &mut self,
@@ -682,7 +516,7 @@ impl crate::service::Engine for SimEngine<'_> {
         self.sim.send(self.i, target, service, data, opts)
     }
     fn notify_acks(&mut self, service: u16, on: bool) {
-        self.sim.nodes[self.i].notify_acks(service, on);
+        self.sim.node_mut(self.i).notify_acks(service, on);
     }
 }
 

@@ -434,7 +434,9 @@ pub struct Transport {
     placers: Placers,
     local: Coord,
     cfg: Config,
-    conns: FxHashMap<Coord, Connection>,
+    /// Boxed: a connection is most of a kilobyte, and lookups probe several entries; in
+    /// place they would stride through cache lines of other connections.
+    conns: FxHashMap<Coord, Box<Connection>>,
     /// Peers with retransmissions, NACKs or ACKs to send.
     urgent: VecDeque<Coord>,
     queues: FairQueue,
@@ -736,7 +738,7 @@ impl Transport {
         Ok(())
     }
 
-    fn new_conn(&mut self, peer: Coord) -> Connection {
+    fn new_conn(&mut self, peer: Coord) -> Box<Connection> {
         let cid = loop {
             let v = self.rng.next_u64() as u32;
             if v != 0 {
@@ -766,7 +768,7 @@ impl Transport {
             },
             max_message: self.cfg.max_message,
         };
-        Connection::new(peer, cid, cfg)
+        Box::new(Connection::new(peer, cid, cfg))
     }
 
     /// The next event for the application.

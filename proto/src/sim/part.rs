@@ -1,0 +1,494 @@
+//! One part of the simulated torus: a contiguous range of servers with their engines, the
+//! links leaving them, and their own pending events.
+//!
+//! A part only ever changes its own servers and links. What it sends to a server of
+//! another part arrives no sooner than one lookahead later (a link's propagation delay
+//! plus the shortest frame's transmission time), so parts run a window of that length
+//! each without looking at each other, on one thread or several, and exchange the frames
+//! that crossed between them at the window's end ([`super::window`]). Events keep their
+//! global ids, so every part processes exactly the events, in exactly the order, that one
+//! part holding the whole torus would: the result does not depend on how many parts or
+//! threads there are.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+
+use super::frame::{FramePool, SimFrame};
+use super::queue::EventQueue;
+use super::{is_control, prefetch, Link, OnWire, SimConfig, SimStats};
+use crate::control::ControlNode;
+use crate::node::{DropReason, Event, Node, RxAction};
+use crate::time::Time;
+use crate::topology::{Dir, DirSet};
+use crate::wire::ETH_LEN;
+
+/// Frames a server holds in transit before it drops forwarded frames.
+const TRANSIT_LIMIT: usize = 256;
+
+/// What every part reads and none changes during a window.
+#[derive(Clone, Copy)]
+pub(super) struct Ctx<'a> {
+    pub(super) cfg: &'a SimConfig,
+    /// Whether each server is up (changed only between runs).
+    pub(super) up: &'a [bool],
+    /// Transmission time of a full frame, ns.
+    pub(super) frame_ns: u64,
+    /// Links in the whole torus (ids below it are links; above, server wake-ups).
+    pub(super) nlinks: usize,
+    /// First server of every part, then the number of servers.
+    pub(super) bounds: &'a [usize],
+}
+
+impl Ctx<'_> {
+    /// The part server `i` belongs to.
+    pub(super) fn part_of(&self, i: usize) -> usize {
+        self.bounds.partition_point(|b| *b <= i).saturating_sub(1)
+    }
+}
+
+/// A frame on its way to a server of another part.
+#[derive(Debug)]
+pub(super) struct Crossing {
+    pub(super) to_part: usize,
+    pub(super) link: u32,
+    pub(super) wire: OnWire,
+}
+
+/// An event an engine produced, with the simulator event it came from (time, id): events
+/// of several parts are handed out merged in that order.
+pub(super) type Emitted = (Time, u32, usize, Event);
+
+/// A contiguous range of servers and everything they own.
+pub(super) struct Part {
+    /// Its first server.
+    pub(super) lo: usize,
+    pub(super) nodes: Vec<Node>,
+    /// The links leaving its servers, six per server.
+    pub(super) links: Vec<Link>,
+    /// Frames on links from servers of other parts to its servers, by global link id.
+    pub(super) inbound: FxHashMap<u32, VecDeque<OnWire>>,
+    /// Pending events `(time, id, address)`: `id` below `nlinks` is the head frame of that
+    /// link arriving (`address` locates its bytes, only to prefetch them); above it, a
+    /// wake-up of server `id - nlinks`. Ties go by id, so a run is deterministic.
+    pub(super) heap: EventQueue,
+    pub(super) now: Time,
+    /// When each server asked to be woken next (to avoid piling up wake events).
+    pub(super) wake_at: Vec<Option<Time>>,
+    pub(super) pool: FramePool,
+    pub(super) stats: SimStats,
+    /// Frames in transit waiting for a next hop with room (CamCube queues forwarded
+    /// packets rather than dropping them when a link is busy); bounded per server.
+    pub(super) transit: Vec<VecDeque<(DirSet, SimFrame)>>,
+    /// Its servers' own control planes, when the simulator runs them; else empty.
+    pub(super) control: Vec<ControlNode>,
+    /// Its links whose far end is in another part (local indices).
+    boundary: Vec<usize>,
+    /// Frames sent to other parts this window.
+    pub(super) outbox: Vec<Crossing>,
+    /// Events its engines produced this window.
+    pub(super) events: Vec<Emitted>,
+}
+
+impl Part {
+    pub(super) fn new(lo: usize, nodes: Vec<Node>, links: Vec<Link>) -> Part {
+        let n = nodes.len();
+        let boundary = (0..links.len())
+            .filter(|k| {
+                let far = links[*k].far as usize;
+                far < lo || far >= lo + n
+            })
+            .collect();
+        Part {
+            boundary,
+            lo,
+            nodes,
+            links,
+            inbound: FxHashMap::default(),
+            heap: EventQueue::default(),
+            now: Time::ZERO,
+            wake_at: vec![None; n],
+            pool: FramePool::default(),
+            stats: SimStats::default(),
+            transit: (0..n).map(|_| VecDeque::new()).collect(),
+            control: Vec::new(),
+            outbox: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Servers it holds.
+    pub(super) fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether global server `i` is one of its own.
+    fn owns(&self, i: usize) -> bool {
+        i >= self.lo && i < self.lo + self.nodes.len()
+    }
+
+    /// Asks for server `li` (local index) to be serviced at `at`.
+    pub(super) fn wake(&mut self, ctx: &Ctx<'_>, li: usize, at: Time) {
+        if self.wake_at[li].is_some_and(|t| t <= at && t >= self.now) {
+            return;
+        }
+        self.wake_at[li] = Some(at);
+        self.heap.push((at, (ctx.nlinks + self.lo + li) as u32, 0));
+    }
+
+    /// The earliest time a frame not yet sent could start on a link to another part: a
+    /// frame goes out behind what its link still has to send. (`u64::MAX`: no such link.)
+    pub(super) fn boundary_free(&self) -> u64 {
+        self.boundary
+            .iter()
+            .map(|k| self.links[*k].busy_until.0)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The earliest pending event's time.
+    pub(super) fn next_time(&mut self) -> Option<Time> {
+        self.heap.peek().map(|e| e.0)
+    }
+
+    /// Frames of backlog a link may hold for frames in transit, and for the server's own:
+    /// a quarter of the queue, so that traffic passing through always finds room and is not
+    /// dropped to be retransmitted end to end because a busy server filled its links.
+    fn limit(ctx: &Ctx<'_>, transit: bool) -> u64 {
+        let q = u64::from(ctx.cfg.queue_frames.max(1));
+        if transit {
+            q
+        } else {
+            (q / 4).max(1)
+        }
+    }
+
+    /// Links of `li` with room in their transmit queue for transit or own frames.
+    fn room(&self, ctx: &Ctx<'_>, li: usize, transit: bool) -> DirSet {
+        let limit = ctx.frame_ns * Self::limit(ctx, transit);
+        let mut r = DirSet::EMPTY;
+        for d in ctx.cfg.dims.link_dirs().iter() {
+            let l = &self.links[li * 6 + usize::from(d.index())];
+            if l.busy_until.0 <= self.now.0 + limit {
+                r = r.with(d);
+            }
+        }
+        r
+    }
+
+    /// Of the next hops `hops` of server `li` with room, the one with the shortest backlog:
+    /// shortest paths in a torus tie (every dimension a packet still has to cross, and both
+    /// ways round an even ring at half the way), and spreading over the ties by load is
+    /// what lets all-to-all traffic use every link.
+    fn least_loaded(&self, ctx: &Ctx<'_>, li: usize, hops: DirSet, room: DirSet) -> Option<Dir> {
+        let mut with_room = hops.iter().filter(|h| room.contains(*h));
+        if !ctx.cfg.spread_by_load {
+            return with_room.next();
+        }
+        with_room.min_by_key(|h| self.links[li * 6 + usize::from(h.index())].busy_until)
+    }
+
+    /// When a full link of `li` has drained half of what `transit` or own frames may fill,
+    /// the earliest. Waking for every single free slot would cost an event per frame sent;
+    /// refilling in batches, as a NIC's transmit ring is, still never lets the link idle.
+    fn next_room(&self, ctx: &Ctx<'_>, li: usize, transit: bool) -> Option<Time> {
+        let refill = ctx.frame_ns * (Self::limit(ctx, transit) / 2).max(1);
+        ctx.cfg
+            .dims
+            .link_dirs()
+            .iter()
+            .map(|d| {
+                self.links[li * 6 + usize::from(d.index())]
+                    .busy_until
+                    .0
+                    .saturating_sub(refill)
+            })
+            .filter(|t| *t > self.now.0)
+            .min()
+            .map(Time)
+    }
+
+    /// Passes on the first frame in transit at `li` that has a next hop with room.
+    fn send_transit(&mut self, ctx: &Ctx<'_>, li: usize, room: DirSet) -> bool {
+        let Some((k, h)) = self.transit[li]
+            .iter()
+            .enumerate()
+            .find_map(|(k, (hops, _))| Some((k, self.least_loaded(ctx, li, *hops, room)?)))
+        else {
+            return false;
+        };
+        match self.transit[li].remove(k) {
+            Some((_, frame)) => {
+                self.transmit(ctx, li, h, frame);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Lets the engine of `li` put out one frame of its own on a link in `room`.
+    fn send_own(&mut self, ctx: &Ctx<'_>, li: usize, room: DirSet) -> bool {
+        let now = self.now;
+        let mut buf = self.pool.take(ETH_LEN + ctx.cfg.transport.mtu);
+        match self.nodes[li].poll_transmit(now, room, &mut buf) {
+            Some((dir, len)) => {
+                let f = self.pool.frame(buf, len);
+                self.transmit(ctx, li, dir, f);
+                true
+            }
+            None => {
+                self.pool.give(buf);
+                false
+            }
+        }
+    }
+
+    /// Puts `frame` on link `dir` of `li`: behind what the link is still sending, then a
+    /// propagation delay to the far end.
+    pub(super) fn transmit(&mut self, ctx: &Ctx<'_>, li: usize, dir: Dir, frame: SimFrame) {
+        let local = li * 6 + usize::from(dir.index());
+        let id = (self.lo * 6 + local) as u32;
+        let l = &mut self.links[local];
+        let j = l.far as usize;
+        let start = l.busy_until.max(self.now);
+        let tx = ((frame.len() as u64 + 24) * 8 * 1_000_000_000) / ctx.cfg.rate_bps.max(1);
+        l.busy_until = Time(start.0 + tx);
+        let arrive = Time(start.0 + tx) + ctx.cfg.delay;
+        self.stats.frames_sent += 1;
+        let control = is_control(&frame.head);
+        self.stats.control_frames += u64::from(control);
+        if !ctx.up[j] || !l.live {
+            // A hello into a dead server is how its death is noticed, not a loss of data.
+            self.stats.lost_on_failure += u64::from(!control);
+            self.pool.give_frame(frame);
+            return;
+        }
+        let wire = OnWire { arrive, frame };
+        if !(j >= self.lo && j < self.lo + self.nodes.len()) {
+            self.outbox.push(Crossing {
+                to_part: ctx.part_of(j),
+                link: id,
+                wire,
+            });
+            return;
+        }
+        if l.wire.is_empty() {
+            self.heap
+                .push((arrive, id, wire.frame.head.as_ptr() as usize));
+        }
+        l.wire.push_back(wire);
+    }
+
+    /// Takes a frame another part sent over link `link` into one of this part's servers.
+    pub(super) fn accept(&mut self, link: u32, wire: OnWire) {
+        let q = self.inbound.entry(link).or_default();
+        if q.is_empty() {
+            self.heap
+                .push((wire.arrive, link, wire.frame.head.as_ptr() as usize));
+        }
+        q.push_back(wire);
+    }
+
+    /// Lets server `li` act: timers, then frames while its links have room.
+    pub(super) fn service(&mut self, ctx: &Ctx<'_>, li: usize) {
+        if !ctx.up[self.lo + li] {
+            return;
+        }
+        let now = self.now;
+        self.run_control(ctx, li);
+        if self.nodes[li].poll_timeout().is_some_and(|t| t <= now) {
+            self.nodes[li].handle_timeout(now);
+        }
+        // Frames in transit and the server's own take turns for link room, as CamCube's
+        // per-link scheduler shares a link among services; own frames only up to their
+        // smaller share of the queue.
+        let (mut transit, mut own) = (true, true);
+        while transit || own {
+            if transit {
+                let room = self.room(ctx, li, true);
+                transit = !room.is_empty()
+                    && !self.transit[li].is_empty()
+                    && self.send_transit(ctx, li, room);
+            }
+            if own {
+                let room = self.room(ctx, li, false);
+                own = !room.is_empty() && self.send_own(ctx, li, room);
+            }
+        }
+        let mut next = self.nodes[li].poll_timeout().filter(|t| *t > now);
+        if let Some(t) = self.control_timeout(li) {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+        let waits = [
+            (!self.transit[li].is_empty()).then(|| self.next_room(ctx, li, true)),
+            self.nodes[li]
+                .has_pending()
+                .then(|| self.next_room(ctx, li, false)),
+        ];
+        for r in waits.into_iter().flatten().flatten() {
+            next = Some(next.map_or(r, |n| n.min(r)));
+        }
+        if let Some(t) = next {
+            self.wake(ctx, li, t);
+        }
+    }
+
+    /// Moves the events server `li`'s engine produced into this window's list.
+    fn collect(&mut self, t: Time, key: u32, li: usize) {
+        while let Some(e) = self.nodes[li].poll_event() {
+            self.events.push((t, key, self.lo + li, e));
+        }
+    }
+
+    /// Processes every pending event due at or before `end`.
+    pub(super) fn run_window(&mut self, ctx: &Ctx<'_>, end: Time) {
+        while let Some((t, id, _)) = self.heap.peek() {
+            if t > end {
+                break;
+            }
+            self.heap.pop();
+            self.now = t;
+            self.stats.events += 1;
+            let gid = id as usize;
+            if gid >= ctx.nlinks {
+                let li = gid - ctx.nlinks - self.lo;
+                self.stats.wakes += 1;
+                if self.wake_at[li] == Some(t) {
+                    self.wake_at[li] = None;
+                }
+                self.service(ctx, li);
+                self.collect(t, id, li);
+                continue;
+            }
+            let frame = if self.owns(gid / 6) {
+                let l = &mut self.links[gid - self.lo * 6];
+                let f = l.wire.pop_front().map(|w| w.frame);
+                if let Some(next) = l.wire.front() {
+                    self.heap
+                        .push((next.arrive, id, next.frame.head.as_ptr() as usize));
+                }
+                f
+            } else {
+                let mut f = None;
+                if let Some(q) = self.inbound.get_mut(&id) {
+                    f = q.pop_front().map(|w| w.frame);
+                    if let Some(next) = q.front() {
+                        self.heap
+                            .push((next.arrive, id, next.frame.head.as_ptr() as usize));
+                    }
+                }
+                f
+            };
+            self.touch_next();
+            if let Some(frame) = frame {
+                self.arrive(ctx, t, gid, frame);
+            }
+        }
+        self.now = self.now.max(end);
+    }
+
+    /// Starts loading the header of the frame the next event delivers. Frames wait on links
+    /// long enough to leave the cache, so reading a header is a memory miss per hop; issued
+    /// one event ahead, it overlaps with this event's work instead of stalling the next.
+    fn touch_next(&mut self) {
+        if let Some((_, _, at)) = self.heap.peek() {
+            if at != 0 {
+                prefetch(at as *const u8);
+            }
+        }
+    }
+
+    /// Hands a frame that crossed link `gid` to the server at its far end (one of ours).
+    fn arrive(&mut self, ctx: &Ctx<'_>, t: Time, gid: usize, frame: SimFrame) {
+        let Some(dir) = Dir::from_index((gid % 6) as u8) else {
+            return;
+        };
+        let key = gid as u32;
+        let from = gid / 6;
+        let far = if self.owns(from) {
+            self.links[gid - self.lo * 6].far as usize
+        } else {
+            let dims = ctx.cfg.dims;
+            dims.neighbor_index(from, dims.coord(from), dir)
+        };
+        let n = far - self.lo;
+        if !ctx.up[far] {
+            self.stats.lost_on_failure += u64::from(!is_control(&frame.head));
+            self.pool.give_frame(frame);
+            return;
+        }
+        if !self.control.is_empty() {
+            if is_control(&frame.head) {
+                self.control[n].handle_frame(t, dir.opposite(), &frame.head);
+                self.pool.give_frame(frame);
+                self.service(ctx, n);
+                return;
+            }
+            // A take-over instant due now is honoured before the frame is judged.
+            if self.control_due(n) {
+                self.run_control(ctx, n);
+            }
+        }
+        // A frame held as its head is judged on it when the engine can (passing through);
+        // otherwise it is rebuilt and handed over whole.
+        let mut frame = frame;
+        let len = frame.len();
+        let by_head = if frame.is_compact() {
+            self.nodes[n].handle_rx_head(&mut frame.head, len)
+        } else {
+            None
+        };
+        let (action, frame) = match by_head {
+            Some(a) => (a, frame),
+            None => {
+                let mut whole = self.pool.expand(frame);
+                let a = self.nodes[n].handle_rx(t, dir.opposite(), &mut whole);
+                (a, SimFrame::whole(whole))
+            }
+        };
+        let mut passed_on = false;
+        match action {
+            RxAction::Consumed => self.pool.give_frame(frame),
+            RxAction::Drop(why) => {
+                self.stats.dropped_engine += 1;
+                if let Some(k) = DropReason::ALL.iter().position(|r| *r == why) {
+                    self.stats.dropped_by[k] += 1;
+                }
+                self.pool.give_frame(frame);
+            }
+            RxAction::Forward(hops) => {
+                let room = self.room(ctx, n, true);
+                match self.least_loaded(ctx, n, hops, room) {
+                    Some(h) if self.transit[n].is_empty() => {
+                        self.stats.bounced += u64::from(h == dir.opposite());
+                        self.stats.forwarded += 1;
+                        self.transmit(ctx, n, h, frame);
+                        passed_on = true;
+                    }
+                    _ if self.transit[n].len() < TRANSIT_LIMIT => {
+                        self.transit[n].push_back((hops, frame));
+                    }
+                    _ => {
+                        self.stats.dropped_no_room += 1;
+                        self.pool.give_frame(frame);
+                    }
+                }
+            }
+        }
+        self.collect(t, key, n);
+        // A frame passed straight on changes nothing the server's own traffic or timers
+        // depend on; servicing the server for it would only cost time.
+        if !passed_on {
+            self.service(ctx, n);
+        }
+    }
+
+    /// Server `li` fails: what it held in transit is lost with it.
+    pub(super) fn crash(&mut self, li: usize) {
+        self.stats.lost_with_sender += self.nodes[li].queued_key_messages() as u64;
+        self.stats.lost_on_failure += self.transit[li].len() as u64;
+        for (_, f) in std::mem::take(&mut self.transit[li]) {
+            self.pool.give_frame(f);
+        }
+    }
+}
