@@ -222,7 +222,7 @@ impl Sim {
 
     /// The part server `i` is in, and its index there.
     fn at(&self, i: usize) -> (usize, usize) {
-        let p = self.bounds.partition_point(|b| *b <= i).saturating_sub(1);
+        let p = part::part_of(&self.bounds, i);
         (p, i - self.bounds[p])
     }
 
@@ -274,18 +274,12 @@ impl Sim {
         data: &[u8],
         opts: MsgOptions,
     ) -> Result<(), SendError> {
-        if !self.up[i] {
-            return Err(SendError::WouldBlock);
-        }
-        let now = self.now;
         let (p, li) = self.at(i);
         let (ctx, parts) = self.split();
-        let part = &mut parts[p];
-        let r = part.nodes[li].send(now, target, service, data, opts);
-        // Serviced at once, not through a wake-up event at the same instant (that was a
-        // fifth of all events); what it delivers locally is handed out by the next run.
-        part.service(&ctx, li);
-        self.serviced.push(i as u32);
+        let r = parts[p].send(&ctx, li, target, service, data, opts);
+        if self.up[i] {
+            self.serviced.push(i as u32);
+        }
         r
     }
 
@@ -300,7 +294,6 @@ impl Sim {
         data: &[u8],
         opts: MsgOptions,
     ) -> Vec<Result<(), SendError>> {
-        let now = self.now;
         let threads = self.threads;
         let mut mine: Vec<Vec<(usize, usize, Target)>> = vec![Vec::new(); self.parts.len()];
         for (k, &(i, target)) in sends.iter().enumerate() {
@@ -311,14 +304,7 @@ impl Sim {
         let done = window::each_part(parts, threads, |p, part| {
             mine[p]
                 .iter()
-                .map(|&(k, li, target)| {
-                    if !ctx.up[part.lo + li] {
-                        return (k, Err(SendError::WouldBlock));
-                    }
-                    let r = part.nodes[li].send(now, target, service, data, opts);
-                    part.service(&ctx, li);
-                    (k, r)
-                })
+                .map(|&(k, li, target)| (k, part.send(&ctx, li, target, service, data, opts)))
                 .collect::<Vec<_>>()
         });
         let mut out = vec![Ok(()); sends.len()];
@@ -386,9 +372,9 @@ impl Sim {
     /// `on_event(sim_time, server, event)`.
     pub fn run_until(&mut self, until: Time, mut on_event: impl FnMut(Time, usize, Event)) {
         for i in std::mem::take(&mut self.serviced) {
-            let i = i as usize;
-            let now = self.now;
-            while let Some(e) = self.node_mut(i).poll_event() {
+            let (i, now) = (i as usize, self.now);
+            let (p, li) = self.at(i);
+            while let Some(e) = self.parts[p].nodes[li].poll_event() {
                 on_event(now, i, e);
             }
         }

@@ -18,9 +18,10 @@ use super::frame::{FramePool, SimFrame};
 use super::queue::EventQueue;
 use super::{is_control, prefetch, Link, OnWire, SimConfig, SimStats};
 use crate::control::ControlNode;
-use crate::node::{DropReason, Event, Node, RxAction};
+use crate::node::{DropReason, Event, MsgOptions, Node, RxAction, Target};
 use crate::time::Time;
 use crate::topology::{Dir, DirSet};
+use crate::transport::SendError;
 use crate::wire::ETH_LEN;
 
 /// Frames a server holds in transit before it drops forwarded frames.
@@ -43,8 +44,13 @@ pub(super) struct Ctx<'a> {
 impl Ctx<'_> {
     /// The part server `i` belongs to.
     pub(super) fn part_of(&self, i: usize) -> usize {
-        self.bounds.partition_point(|b| *b <= i).saturating_sub(1)
+        part_of(self.bounds, i)
     }
+}
+
+/// The part server `i` belongs to, given every part's first server.
+pub(super) fn part_of(bounds: &[usize], i: usize) -> usize {
+    bounds.partition_point(|b| *b <= i).saturating_sub(1)
 }
 
 /// A frame on its way to a server of another part.
@@ -248,8 +254,9 @@ impl Part {
     pub(super) fn transmit(&mut self, ctx: &Ctx<'_>, li: usize, dir: Dir, frame: SimFrame) {
         let local = li * 6 + usize::from(dir.index());
         let id = (self.lo * 6 + local) as u32;
+        let j = self.links[local].far as usize;
+        let same_part = self.owns(j);
         let l = &mut self.links[local];
-        let j = l.far as usize;
         let start = l.busy_until.max(self.now);
         let tx = ((frame.len() as u64 + 24) * 8 * 1_000_000_000) / ctx.cfg.rate_bps.max(1);
         l.busy_until = Time(start.0 + tx);
@@ -264,7 +271,7 @@ impl Part {
             return;
         }
         let wire = OnWire { arrive, frame };
-        if !(j >= self.lo && j < self.lo + self.nodes.len()) {
+        if !same_part {
             self.outbox.push(Crossing {
                 to_part: ctx.part_of(j),
                 link: id,
@@ -287,6 +294,27 @@ impl Part {
                 .push((wire.arrive, link, wire.frame.head.as_ptr() as usize));
         }
         q.push_back(wire);
+    }
+
+    /// Sends a message from server `li` and lets it act at once (the engine decides
+    /// everything else).
+    pub(super) fn send(
+        &mut self,
+        ctx: &Ctx<'_>,
+        li: usize,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: MsgOptions,
+    ) -> Result<(), SendError> {
+        if !ctx.up[self.lo + li] {
+            return Err(SendError::WouldBlock);
+        }
+        let r = self.nodes[li].send(self.now, target, service, data, opts);
+        // Serviced at once, not through a wake-up event at the same instant (that was a
+        // fifth of all events); what it delivers locally is handed out by the next run.
+        self.service(ctx, li);
+        r
     }
 
     /// Lets server `li` act: timers, then frames while its links have room.

@@ -35,13 +35,8 @@ pub(super) fn run(parts: &mut [Part], ctx: &Ctx<'_>, until: Time, lookahead: u64
         free: (0..parts.len()).map(|_| AtomicU64::new(u64::MAX)).collect(),
         barrier: SpinBarrier::new(parts.len()),
     };
-    std::thread::scope(|s| {
-        let (first, rest) = parts.split_at_mut(1);
-        for (k, p) in rest.iter_mut().enumerate() {
-            let shared = &shared;
-            s.spawn(move || run_part(k + 1, p, ctx, shared, until, lookahead));
-        }
-        run_part(0, &mut first[0], ctx, &shared, until, lookahead);
+    each_part(parts, threads, |k, p| {
+        run_part(k, p, ctx, &shared, until, lookahead)
     });
 }
 
