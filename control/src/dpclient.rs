@@ -85,6 +85,8 @@ pub fn render_status(v: &Value) -> String {
             "drop_ttl",
             "drop_transport",
             "drop_intercepted",
+            "drop_bad_route",
+            "drop_path_failed",
             "drop_stale",
             "drop_no_room",
         ]

@@ -37,6 +37,10 @@ pub struct LinkCounters {
     pub drop_stale: AtomicU64,
     /// Drops: consumed by an on-path service.
     pub drop_intercepted: AtomicU64,
+    /// Drops: a malformed source route, or one not ending at the frame's destination.
+    pub drop_bad_route: AtomicU64,
+    /// Drops: the next hop a source route named was down here (its source was told).
+    pub drop_path_failed: AtomicU64,
     /// Drops: a forwarded frame found no next-hop link with TX room.
     pub drop_no_room: AtomicU64,
     /// Times the TX ring had no room for a frame the runtime wanted to send.
@@ -75,6 +79,10 @@ pub struct LinkCountersSnapshot {
     /// See [`LinkCounters`].
     pub drop_intercepted: u64,
     /// See [`LinkCounters`].
+    pub drop_bad_route: u64,
+    /// See [`LinkCounters`].
+    pub drop_path_failed: u64,
+    /// See [`LinkCounters`].
     pub drop_no_room: u64,
     /// See [`LinkCounters`].
     pub tx_ring_full: u64,
@@ -99,6 +107,8 @@ impl LinkCounters {
             DropReason::Transport => &self.drop_transport,
             DropReason::Stale => &self.drop_stale,
             DropReason::Intercepted => &self.drop_intercepted,
+            DropReason::BadRoute => &self.drop_bad_route,
+            DropReason::PathFailed => &self.drop_path_failed,
         };
         add(c, 1);
     }
@@ -120,6 +130,8 @@ impl LinkCounters {
             drop_transport: g(&self.drop_transport),
             drop_stale: g(&self.drop_stale),
             drop_intercepted: g(&self.drop_intercepted),
+            drop_bad_route: g(&self.drop_bad_route),
+            drop_path_failed: g(&self.drop_path_failed),
             drop_no_room: g(&self.drop_no_room),
             tx_ring_full: g(&self.tx_ring_full),
             fill_starved: g(&self.fill_starved),

@@ -6,6 +6,9 @@
 
 use std::collections::VecDeque;
 
+use crate::routing::bsr::BsrConfig;
+use crate::routing::load::LinkLoad;
+use crate::routing::source_router::{Fate, SourceRouter, SourceStats};
 use crate::routing::{LinkView, RouteTable, RoutingError};
 use crate::time::Time;
 use crate::topology::{Coord, Dims, Dir, DirSet};
@@ -44,11 +47,15 @@ pub enum DropReason {
     Stale,
     /// A service on the path consumed it.
     Intercepted,
+    /// A malformed source route, or one that does not end at the frame's destination.
+    BadRoute,
+    /// The next hop its source route names is down here (the source was told).
+    PathFailed,
 }
 
 impl DropReason {
     /// Every reason, for tables.
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::Malformed,
         DropReason::BadSource,
         DropReason::Unreachable,
@@ -56,6 +63,8 @@ impl DropReason {
         DropReason::Transport,
         DropReason::Stale,
         DropReason::Intercepted,
+        DropReason::BadRoute,
+        DropReason::PathFailed,
     ];
 
     /// Short name for counters.
@@ -68,7 +77,17 @@ impl DropReason {
             DropReason::Transport => "transport",
             DropReason::Stale => "stale",
             DropReason::Intercepted => "intercepted",
+            DropReason::BadRoute => "bad_route",
+            DropReason::PathFailed => "path_failed",
         }
+    }
+}
+
+/// Why a frame that failed the wire checks is dropped: its source route, or the rest.
+fn refusal(e: wire::WireError) -> DropReason {
+    match e {
+        wire::WireError::Route(_) => DropReason::BadRoute,
+        _ => DropReason::Malformed,
     }
 }
 
@@ -244,6 +263,10 @@ pub struct Node {
     interceptors: Vec<(u16, Box<dyn Interceptor>)>,
     stats: NodeStats,
     mtu: usize,
+    source: SourceRouter,
+    /// The latest time a caller gave: view changes arrive without one.
+    last_now: Time,
+    transport_cfg: TransportConfig,
 }
 
 impl std::fmt::Debug for Node {
@@ -271,7 +294,42 @@ impl Node {
             interceptors: Vec::new(),
             stats: NodeStats::default(),
             mtu: cfg.mtu,
+            source: SourceRouter::new(local),
+            last_now: Time::ZERO,
+            transport_cfg: cfg,
         })
+    }
+
+    /// Makes this server source-route its reliable traffic (BCube's BSR: probe the
+    /// parallel paths, use the one with the most available bandwidth per peer). Call
+    /// before sending anything: frames keep room for the route, so the transport starts
+    /// afresh with an MTU smaller by [`wire::MAX_ROUTE_HOPS`] bytes.
+    pub fn enable_source_routing(&mut self, cfg: BsrConfig) {
+        let mut t = self.transport_cfg;
+        t.mtu = self.mtu.saturating_sub(wire::MAX_ROUTE_HOPS);
+        self.transport = Transport::new(self.local, t);
+        self.source.enable(cfg);
+    }
+
+    /// Source routing at this server (forwarding, probes, path selection), for reports.
+    pub fn source_routing(&self) -> &SourceRouter {
+        &self.source
+    }
+
+    /// Counters of source routing.
+    pub fn source_stats(&self) -> SourceStats {
+        self.source.stats()
+    }
+
+    /// The driver's measurement of link `dir`'s load (what path probes collect).
+    pub fn set_link_load(&mut self, dir: Dir, load: LinkLoad) {
+        self.source.set_load(dir, load);
+    }
+
+    /// The driver saw link `dir` lose (or regain) its carrier: source-routed frames stop
+    /// taking it at once, and their sources are told, before the view changes.
+    pub fn set_link_up(&mut self, dir: Dir, up: bool) {
+        self.source.set_link_up(self.last_now, &self.view, dir, up);
     }
 
     /// This server.
@@ -322,6 +380,7 @@ impl Node {
             .collect();
         self.routes.absorb(&view);
         self.view = view;
+        self.source.on_view(self.last_now, &self.view);
         for (i, was) in before.into_iter().enumerate() {
             let c = self.dims.coord(i);
             let now = self.routes.is_reachable(c);
@@ -411,6 +470,10 @@ impl Node {
         if !self.routes.is_reachable(dest) {
             return Err(SendError::Unreachable);
         }
+        self.last_now = self.last_now.max(now);
+        if reliable {
+            self.source.touch(now, &self.view, dest);
+        }
         self.transport.send(
             now,
             Outgoing {
@@ -427,14 +490,42 @@ impl Node {
 
     /// Handles a frame received on link `link` (Ethernet header included). The frame may be
     /// changed in place (TTL, interceptors) before it is forwarded.
-    pub fn handle_rx(&mut self, now: Time, _link: Dir, frame: &mut [u8]) -> RxAction {
-        let Ok(h) = FrameView::new_checked(frame).and_then(|v| Header::parse(&v)) else {
-            return RxAction::Drop(DropReason::Malformed);
+    pub fn handle_rx(&mut self, now: Time, link: Dir, frame: &mut [u8]) -> RxAction {
+        self.last_now = self.last_now.max(now);
+        let mut h = match FrameView::new_checked(frame).and_then(|v| Header::parse(&v)) {
+            Ok(h) => h,
+            Err(e) => return RxAction::Drop(refusal(e)),
         };
         let dest = match self.judge(&h) {
             Ok(d) => d,
             Err(why) => return RxAction::Drop(why),
         };
+        let mut frame = frame;
+        if h.route_len > 0 {
+            let len = frame.len();
+            match self
+                .source
+                .on_frame(now, &self.view, Some(link), &h, frame, len)
+            {
+                Fate::Arrived(at) => {
+                    frame = &mut frame[at..];
+                    h.route_len = 0;
+                    h.route_next = 0;
+                }
+                fate => return self.routed_on(fate, frame),
+            }
+        }
+        if h.kind == Kind::Probe {
+            if dest == self.local {
+                let payload = FrameView::new_checked(frame)
+                    .map(|v| v.payload())
+                    .unwrap_or(&[]);
+                self.source
+                    .on_probe_here(now, &self.view, Some(link), &h, payload);
+                return RxAction::Consumed;
+            }
+            return self.pass_on(dest, frame);
+        }
         if dest == self.local {
             return self.deliver(now, &h, frame);
         }
@@ -455,13 +546,30 @@ impl Node {
     /// when the payload is needed here (the frame is for this server, or an interceptor
     /// reads it): then call `handle_rx` with the whole frame.
     pub fn handle_rx_head(&mut self, head: &mut [u8], frame_len: usize) -> Option<RxAction> {
-        let Ok(h) = Header::parse_head(head, frame_len) else {
-            return Some(RxAction::Drop(DropReason::Malformed));
+        // The route is part of the headers: a holder of fewer bytes cannot judge it.
+        let route = usize::from(head.get(wire::offset::ROUTE_LEN).copied().unwrap_or(0));
+        if head.len() < frame_len && head.len() < HEADERS_LEN + route {
+            return None;
+        }
+        let h = match Header::parse_head(head, frame_len) {
+            Ok(h) => h,
+            Err(e) => return Some(RxAction::Drop(refusal(e))),
         };
         let dest = match self.judge(&h) {
             Ok(d) => d,
             Err(why) => return Some(RxAction::Drop(why)),
         };
+        if h.route_len > 0 {
+            // A probe needs its link's figures, and an arriving frame its whole bytes.
+            if h.kind == Kind::Probe || usize::from(h.route_next) == usize::from(h.route_len) {
+                return None;
+            }
+            let now = self.last_now;
+            let fate = self
+                .source
+                .on_frame(now, &self.view, None, &h, head, frame_len);
+            return Some(self.routed_on(fate, head));
+        }
         let intercepted =
             h.has(flags::INTERCEPT) && self.interceptors.iter().any(|(s, _)| *s == h.service);
         if dest == self.local || intercepted {
@@ -486,6 +594,21 @@ impl Node {
             Dest::Server(d) if self.dims.contains(d) => Ok(d),
             Dest::Server(_) => Err(DropReason::Malformed),
             Dest::Key(k) => self.routes.key_root(k).ok_or(DropReason::Unreachable),
+        }
+    }
+
+    /// What a source-routed frame that is not for this server becomes.
+    fn routed_on(&mut self, fate: Fate, frame: &mut [u8]) -> RxAction {
+        match fate {
+            Fate::Next(dir) => {
+                if !wire::forward_hop(frame) {
+                    return RxAction::Drop(DropReason::TtlExpired);
+                }
+                self.stats.forwarded += 1;
+                RxAction::Forward(DirSet::EMPTY.with(dir))
+            }
+            Fate::BadRoute | Fate::Arrived(_) => RxAction::Drop(DropReason::BadRoute),
+            Fate::PathFailed => RxAction::Drop(DropReason::PathFailed),
         }
     }
 
@@ -549,14 +672,31 @@ impl Node {
         room: DirSet,
         buf: &mut [u8],
     ) -> Option<(Dir, usize)> {
+        self.last_now = self.last_now.max(now);
         let room_links = LinkSet(room.bits());
+        if let Some(t) = self
+            .source
+            .poll_transmit(&self.view, &self.routes, room, buf)
+        {
+            return Some(t);
+        }
         if let Some(t) = self.poll_key(room, buf) {
             return Some(t);
         }
         let routes = &self.routes;
-        let paths = |peer: Coord| LinkSet(routes.next_hops(peer).bits());
+        let source = &self.source;
+        let paths = |peer: Coord| match source.route_to(peer) {
+            Some(r) => LinkSet(DirSet::EMPTY.with(r.first()).bits()),
+            None => LinkSet(routes.next_hops(peer).bits()),
+        };
         let t = self.transport.poll_transmit(now, room_links, &paths, buf)?;
-        Some((Dir::from_index(t.link)?, t.len))
+        let dir = Dir::from_index(t.link)?;
+        let len = if self.source.is_enabled() {
+            self.source.stamp(buf, t.len, dir)
+        } else {
+            t.len
+        };
+        Some((dir, len))
     }
 
     fn poll_key(&mut self, room: DirSet, buf: &mut [u8]) -> Option<(Dir, usize)> {
@@ -603,12 +743,17 @@ impl Node {
 
     /// The next time `handle_timeout` must run.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.transport.poll_timeout()
+        match (self.transport.poll_timeout(), self.source.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// Runs the transport's timers.
+    /// Runs the transport's timers and source routing's.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.last_now = self.last_now.max(now);
         self.transport.handle_timeout(now);
+        self.source.handle_timeout(now, &self.view);
     }
 
     /// The next event for the application: the engine's own, then the transport's.
@@ -645,7 +790,9 @@ impl Node {
 
     /// Whether anything waits to be sent (so the driver should not sleep).
     pub fn has_pending(&self) -> bool {
-        !self.key_out.is_empty() || self.transport.queued_messages() > 0
+        !self.key_out.is_empty()
+            || self.transport.queued_messages() > 0
+            || self.source.has_pending()
     }
 
     /// The root of `key` in this server's view.

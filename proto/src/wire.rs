@@ -67,9 +67,17 @@ pub mod offset {
     pub const SACK: usize = ETH_LEN + 48;
     /// The receiver's connection id as the sender knows it (0: not yet known), u32.
     pub const PEER_CONN: usize = ETH_LEN + 56;
-    /// Reserved, u32: must be zero.
-    pub const RESERVED: usize = ETH_LEN + 60;
+    /// Hops of the source route that follows the header (0: none), u8.
+    pub const ROUTE_LEN: usize = ETH_LEN + 60;
+    /// Index in the source route of the next hop to take, u8.
+    pub const ROUTE_NEXT: usize = ETH_LEN + 61;
+    /// Reserved, u16: must be zero.
+    pub const RESERVED: usize = ETH_LEN + 62;
 }
+
+/// Most hops a source route may name: a shortest path in a 16x16x16 torus is 24 hops, a
+/// detour round a failure a few more.
+pub const MAX_ROUTE_HOPS: usize = 32;
 
 /// Why bytes were refused as a torus frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -108,6 +116,10 @@ pub enum WireError {
     /// The reserved header word is not zero.
     #[error("reserved header field is not zero")]
     ReservedField,
+    /// A source route that is too long, points past its end, names no direction, or
+    /// whose fields are set on a frame without the `SOURCE_ROUTED` flag.
+    #[error("malformed source route: {0}")]
+    Route(&'static str),
     /// An aggregated message header that runs past the end of the payload.
     #[error("aggregated message at offset {at} runs past the payload ({len} bytes)")]
     MessageOverrun {
@@ -146,6 +158,11 @@ pub enum Kind {
     /// the sender knows it (`peer_conn`, 0 when unknown) and, as an 8-byte payload, the
     /// sender's incarnation (drawn at every start of its dataplane).
     Sync = 4,
+    /// A path probe of source routing: a probe travelling a source route (every hop lowers
+    /// the available bandwidth it carries to its links' figure), the destination's reply,
+    /// or a path-failure report from the hop that could not go on (payload:
+    /// `crate::routing::probe`).
+    Probe = 5,
 }
 
 impl Kind {
@@ -157,6 +174,7 @@ impl Kind {
             2 => Ok(Kind::Nack),
             3 => Ok(Kind::Control),
             4 => Ok(Kind::Sync),
+            5 => Ok(Kind::Probe),
             other => Err(WireError::Kind(other)),
         }
     }
@@ -186,8 +204,11 @@ pub mod flags {
     pub const INTERCEPT: u16 = 1 << 9;
     /// This frame is a retransmission (for counters and traces only).
     pub const RETRANSMIT: u16 = 1 << 10;
+    /// A source route follows the header: forwarders take the hop it names, not their
+    /// own choice. Derived from the header's route length when emitting.
+    pub const SOURCE_ROUTED: u16 = 1 << 11;
     /// Every bit this version defines.
-    pub const KNOWN: u16 = (1 << 11) - 1;
+    pub const KNOWN: u16 = (1 << 12) - 1;
 }
 
 /// Per-message flag bits inside an aggregated frame.
@@ -244,8 +265,12 @@ pub struct Header {
     pub fence: u32,
     /// Selective-ack bitmap: bit i = frame `ack + 1 + i` received.
     pub sack: u64,
-    /// Payload bytes after the headers.
+    /// Payload bytes after the headers (and after the source route, if any).
     pub payload_len: u16,
+    /// Hops of the source route between the header and the payload (0: none).
+    pub route_len: u8,
+    /// Index of the route's next hop (`route_len` when the frame is at its destination).
+    pub route_next: u8,
 }
 
 impl Header {
@@ -268,6 +293,8 @@ impl Header {
             fence: 0,
             sack: 0,
             payload_len: 0,
+            route_len: 0,
+            route_next: 0,
         }
     }
 
@@ -307,6 +334,8 @@ impl Header {
             fence: v.fence(),
             sack: v.sack(),
             payload_len: v.payload_len() as u16,
+            route_len: v.route_len() as u8,
+            route_next: v.route_next() as u8,
         })
     }
 
@@ -328,7 +357,10 @@ impl Header {
         buf[offset::ETHERTYPE..offset::ETHERTYPE + 2].copy_from_slice(&ethertype.to_be_bytes());
         buf[offset::VERSION] = VERSION;
         buf[offset::KIND] = self.kind as u8;
-        let mut fl = self.flags & !flags::KEY_ROUTED;
+        let mut fl = self.flags & !(flags::KEY_ROUTED | flags::SOURCE_ROUTED);
+        if self.route_len > 0 {
+            fl |= flags::SOURCE_ROUTED;
+        }
         match self.dst {
             Dest::Key(k) => {
                 fl |= flags::KEY_ROUTED;
@@ -353,7 +385,9 @@ impl Header {
         put(buf, offset::FENCE, &self.fence.to_be_bytes());
         put(buf, offset::SACK, &self.sack.to_be_bytes());
         put(buf, offset::PEER_CONN, &self.peer_conn.to_be_bytes());
-        put(buf, offset::RESERVED, &[0; 4]);
+        buf[offset::ROUTE_LEN] = self.route_len;
+        buf[offset::ROUTE_NEXT] = self.route_next;
+        put(buf, offset::RESERVED, &[0; 2]);
         Ok(())
     }
 
@@ -402,7 +436,7 @@ impl<'a> FrameView<'a> {
 
     /// The checks of [`FrameView::new_checked`] on a frame of `frame_len` bytes of which
     /// `buf` holds the first (at least the headers).
-    fn check(buf: &'a [u8], frame_len: usize) -> Result<FrameView<'a>, WireError> {
+    pub(crate) fn check(buf: &'a [u8], frame_len: usize) -> Result<FrameView<'a>, WireError> {
         if buf.len() < HEADERS_LEN || frame_len < buf.len() {
             return Err(WireError::Truncated {
                 have: buf.len(),
@@ -422,15 +456,41 @@ impl<'a> FrameView<'a> {
         if reserved != 0 {
             return Err(WireError::ReservedFlags(reserved));
         }
-        if v.u32_at(offset::RESERVED) != 0 {
+        if v.u16_at(offset::RESERVED) != 0 {
             return Err(WireError::ReservedField);
         }
-        let have = frame_len - HEADERS_LEN;
+        v.check_route()?;
+        let have = frame_len - HEADERS_LEN - v.route_len();
         let claimed = v.payload_len();
         if claimed > have {
             return Err(WireError::PayloadLength { claimed, have });
         }
         Ok(v)
+    }
+
+    /// The source route's fields agree with the flag, the route fits the frame's first
+    /// bytes (`buf`: a forwarder must read it) and names only directions.
+    fn check_route(&self) -> Result<(), WireError> {
+        let (len, next) = (self.route_len(), self.route_next());
+        if self.flags() & flags::SOURCE_ROUTED == 0 {
+            return match (len, next) {
+                (0, 0) => Ok(()),
+                _ => Err(WireError::Route("route fields set without SOURCE_ROUTED")),
+            };
+        }
+        if len == 0 || len > MAX_ROUTE_HOPS {
+            return Err(WireError::Route("length outside 1..=32"));
+        }
+        if next > len {
+            return Err(WireError::Route("next hop past the end"));
+        }
+        let Some(route) = self.buf.get(HEADERS_LEN..HEADERS_LEN + len) else {
+            return Err(WireError::Route("route runs past the frame"));
+        };
+        if route.iter().any(|d| *d >= 6) {
+            return Err(WireError::Route("hop is not a direction (0..=5)"));
+        }
+        Ok(())
     }
 
     fn u16_at(&self, at: usize) -> u16 {
@@ -543,9 +603,22 @@ impl<'a> FrameView<'a> {
     pub fn payload_len(&self) -> usize {
         usize::from(self.u16_at(offset::PAYLOAD_LEN))
     }
+    /// Hops of the source route (0: none).
+    pub fn route_len(&self) -> usize {
+        usize::from(self.buf[offset::ROUTE_LEN])
+    }
+    /// Index of the source route's next hop.
+    pub fn route_next(&self) -> usize {
+        usize::from(self.buf[offset::ROUTE_NEXT])
+    }
+    /// The source route's hops, as direction indices (checked to be 0..=5).
+    pub fn route(&self) -> &'a [u8] {
+        &self.buf[HEADERS_LEN..HEADERS_LEN + self.route_len()]
+    }
     /// The payload bytes.
     pub fn payload(&self) -> &'a [u8] {
-        &self.buf[HEADERS_LEN..HEADERS_LEN + self.payload_len()]
+        let at = HEADERS_LEN + self.route_len();
+        &self.buf[at..at + self.payload_len()]
     }
     /// The messages of an aggregated frame (or of any payload laid out that way).
     pub fn messages(&self) -> Messages<'a> {

@@ -5,11 +5,12 @@
 
 use torusnet_proto::node::{Interceptor, Node, RxAction, Verdict};
 use torusnet_proto::rng::SplitMix64;
+use torusnet_proto::routing::source::{self, Route};
 use torusnet_proto::routing::LinkView;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Coord, Dims, Dir};
 use torusnet_proto::transport::Config;
-use torusnet_proto::wire::{self, Dest, Header, Kind, HEADERS_LEN};
+use torusnet_proto::wire::{self, offset, Dest, Header, Kind, HEADERS_LEN};
 
 struct Drops;
 impl Interceptor for Drops {
@@ -29,7 +30,13 @@ fn node(view: &LinkView) -> Node {
 }
 
 fn frame(rng: &mut SplitMix64, dims: Dims) -> Vec<u8> {
-    let kind = [Kind::Data, Kind::Ack, Kind::Nack, Kind::Control][rng.below(4) as usize];
+    let kind = [
+        Kind::Data,
+        Kind::Ack,
+        Kind::Nack,
+        Kind::Control,
+        Kind::Probe,
+    ][rng.below(5) as usize];
     let mut c = || {
         Coord::new(
             rng.below(u64::from(dims.x()) + 1) as u16,
@@ -57,6 +64,21 @@ fn frame(rng: &mut SplitMix64, dims: Dims) -> Vec<u8> {
     wire::emit_eth(&mut buf, [2; 6], [4; 6]).unwrap();
     let fill = rng.below(2) as u8;
     buf[HEADERS_LEN..].fill(fill);
+    // Source-routed variants: a route of up to five hops, its next hop anywhere along it,
+    // now and then a hop that is no direction.
+    if rng.chance(0.3) && matches!(dst, Dest::Server(_)) {
+        let n = 1 + rng.below(5) as usize;
+        let dirs: Vec<Dir> = (0..n).map(|_| Dir::ALL[rng.below(6) as usize]).collect();
+        let route = Route::new(&dirs).unwrap();
+        buf.resize(buf.len() + n, 0);
+        let len = buf.len() - n;
+        let len = source::insert(&mut buf, len, &route).unwrap();
+        buf.truncate(len);
+        buf[offset::ROUTE_NEXT] = rng.below(n as u64 + 1) as u8;
+        if rng.chance(0.1) {
+            buf[HEADERS_LEN + rng.below(n as u64) as usize] = 6 + rng.below(200) as u8;
+        }
+    }
     // Hostile variants: a header byte flipped, a claimed length beyond the frame.
     if rng.chance(0.2) {
         let i = rng.below(HEADERS_LEN as u64) as usize;
@@ -88,6 +110,7 @@ fn a_forwarder_of_headers_decides_as_one_of_whole_frames() {
                 assert_eq!(got, want, "{f:?}");
                 assert_eq!(head[..], whole[..head.len()]);
                 assert_eq!(a.stats(), b.stats());
+                assert_eq!(a.source_stats(), b.source_stats());
                 assert!(!matches!(got, RxAction::Consumed));
             }
             None => {

@@ -102,12 +102,12 @@ proptest! {
             Some(k) => Dest::Key(k),
             None => Dest::Server(Coord::new(dc.0, dc.1, dc.2)),
         };
-        let flags = fl & wire::flags::KNOWN & !wire::flags::KEY_ROUTED
+        let flags = fl & wire::flags::KNOWN & !wire::flags::KEY_ROUTED & !wire::flags::SOURCE_ROUTED
             | if key.is_some() { wire::flags::KEY_ROUTED } else { 0 };
         let h = Header {
             kind: Kind::from_u8(kind).unwrap(), flags, ttl, hops, service,
             src: Coord::new(src.0, src.1, src.2), dst, conn, peer_conn, seq, ack, msn, frag, fence, sack,
-            payload_len: plen,
+            payload_len: plen, route_len: 0, route_next: 0,
         };
         let mut buf = vec![0u8; HEADERS_LEN + usize::from(plen)];
         h.emit(&mut buf).unwrap();

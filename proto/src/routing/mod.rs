@@ -5,6 +5,13 @@
 //! answer to "which of my links lead closer to D?" for every D, computed once per view
 //! change so that the per-frame query is one table load.
 
+pub mod bsr;
+pub mod load;
+pub mod paths;
+pub mod probe;
+pub mod source;
+pub mod source_router;
+
 use crate::keyspace;
 use crate::topology::{Axis, Coord, Dims, Dir, DirSet};
 
