@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A torus of network namespaces on this machine, joined by veth pairs.
 #
-#   netns-torus.sh up DIMS [--mtu N] [--prefix P] [--key HEX] [--front] [--kv LINE]...
+#   netns-torus.sh up DIMS [--mtu N] [--prefix P] [--key HEX] [--front] [--kv LINE]... [--routing LINE]...
 #                                                                make it (replacing an old one of that prefix)
 #   netns-torus.sh start [--prefix P] [--polling busy|adaptive] start torusctl daemon + torusd in every namespace
 #   netns-torus.sh stop  [--prefix P]                            stop the daemons it started
@@ -19,7 +19,8 @@
 # --front adds the clients' network: namespace P-front holds a bridge (10.88.255.254/16) with
 # a veth "front" into every server (server number i, in x-then-y-then-z order, is
 # 10.88.i/250.i%250+1), and the memcached gateways listen on it. --kv adds a line to every
-# node file's [kv] section (e.g. --kv 'rereplicate_after_s = 5').
+# node file's [kv] section (e.g. --kv 'rereplicate_after_s = 5'), --routing one to its
+# [routing] section (e.g. --routing 'mode = "source"').
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +33,7 @@ key=
 polling=adaptive
 front=0
 kvlines=()
+routinglines=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --mtu) mtu=${2:?--mtu needs a value}; shift 2 ;;
@@ -40,6 +42,7 @@ while [ $# -gt 0 ]; do
     --polling) polling=${2:?--polling needs busy or adaptive}; shift 2 ;;
     --front) front=1; shift ;;
     --kv) kvlines+=("${2:?--kv needs a line}"); shift 2 ;;
+    --routing) routinglines+=("${2:?--routing needs a line}"); shift 2 ;;
     -*) echo "netns-torus.sh: unknown option $1" >&2; exit 2 ;;
     *) if [ -z "$dims" ]; then dims=$1; shift; else echo "netns-torus.sh: unexpected $1" >&2; exit 2; fi ;;
   esac
@@ -164,6 +167,10 @@ up() {
         printf '\n[kv]\n'
         [ $front = 1 ] && echo 'listen = "0.0.0.0:11211"'
         for l in "${kvlines[@]}"; do echo "$l"; done
+      fi
+      if [ ${#routinglines[@]} -gt 0 ]; then
+        printf '\n[routing]\n'
+        for l in "${routinglines[@]}"; do echo "$l"; done
       fi
     } > "$f"
     idx=$((idx + 1))

@@ -113,6 +113,25 @@ pub fn render_status(v: &Value) -> String {
             u(l, &["xdp", "fault_dropped"]),
         );
     }
+    out += "link  tx load  rx load  tx queue  carrier\n";
+    let down: Vec<&str> = v["engine"]["carrier_down"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    for l in v["links"].as_array().into_iter().flatten() {
+        let c = &l["counters"];
+        let dir = l["dir"].as_str().unwrap_or("?");
+        out += &format!(
+            "{:<5} {:>6.1}%  {:>6.1}%  {:>8.1}  {}\n",
+            dir,
+            u(c, &["load_tx_permille"]) as f64 / 10.0,
+            u(c, &["load_rx_permille"]) as f64 / 10.0,
+            u(c, &["load_queue_milli"]) as f64 / 1000.0,
+            if down.contains(&dir) { "down" } else { "up" },
+        );
+    }
     let e = &v["engine"];
     let t = &e["transport"];
     out += &format!(
@@ -183,6 +202,32 @@ pub fn render_status(v: &Value) -> String {
         u(e, &["key_delivered"]),
         unreachable
     );
+    let r = &e["routing"];
+    out += &format!(
+        "source routing: {}; {} flows, {} frames sent on routes, {} probes ({} answered), {} path switches ({} failovers); here: {} forwarded by route, {} probes answered, {} bad routes, {} path failures ({} reported)\n",
+        r["mode"].as_str().unwrap_or("off"),
+        r["flows"].as_array().map_or(0, Vec::len),
+        u(r, &["routed_sent"]),
+        u(r, &["probes"]),
+        u(r, &["replies"]),
+        u(r, &["switches"]),
+        u(r, &["failovers"]),
+        u(r, &["forwarded"]),
+        u(r, &["replies_sent"]),
+        u(r, &["bad_route"]),
+        u(r, &["path_failed"]),
+        u(r, &["failures_sent"]),
+    );
+    for f in r["flows"].as_array().into_iter().flatten().take(16) {
+        out += &format!(
+            "  to {:<10} path {:<30} {}\n",
+            f["dst"].as_str().unwrap_or("?"),
+            f["path"].as_str().unwrap_or("?"),
+            f["avail_mbps"]
+                .as_u64()
+                .map_or("not measured".to_string(), |m| format!("{m} Mb/s free")),
+        );
+    }
     out
 }
 

@@ -22,6 +22,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use torusnet_proto::routing::bsr::BsrConfig;
 use torusnet_proto::routing::LinkView;
 use torusnet_proto::topology::{Coord, Dims, Dir, DirSet};
 use torusnet_proto::transport::Config as TransportConfig;
@@ -129,6 +130,74 @@ struct Raw {
     kv: RawKv,
     #[serde(default)]
     ip: RawIp,
+    #[serde(default)]
+    routing: RawRouting,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRouting {
+    /// "off" (default), "next-hop" or "source".
+    mode: Option<String>,
+    probe_interval_ms: Option<u64>,
+    probe_timeout_ms: Option<u64>,
+    link_gbps: Option<f64>,
+}
+
+/// How this server routes its own reliable traffic, and the figures link loads are
+/// measured against (`[routing]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoutingSettings {
+    /// `None`: source routing off (frames use the whole MTU); `Some(on)`: available, frames
+    /// keep room for a route, and `on` says whether this server's own reliable traffic
+    /// takes source routes from the start (`torusctl routing` switches it).
+    pub source: Option<bool>,
+    /// Path selection's settings.
+    pub bsr: BsrConfig,
+    /// Every link's capacity, bits per second (veth reports none).
+    pub link_capacity_bps: u64,
+}
+
+fn routing_settings(raw: RawRouting) -> Result<RoutingSettings, ConfigError> {
+    let bad = |s: String| ConfigError::Invalid(s);
+    let source = match raw.mode.as_deref().unwrap_or("off") {
+        "off" => None,
+        "next-hop" => Some(false),
+        "source" => Some(true),
+        other => {
+            return Err(bad(format!(
+                "routing.mode: {other:?} is not \"off\", \"next-hop\" or \"source\""
+            )))
+        }
+    };
+    let mut bsr = BsrConfig::default();
+    if let Some(ms) = raw.probe_interval_ms {
+        if !(10..=60_000).contains(&ms) {
+            return Err(bad(format!(
+                "routing.probe_interval_ms: {ms} is outside 10..=60000"
+            )));
+        }
+        bsr.probe_interval = std::time::Duration::from_millis(ms);
+    }
+    if let Some(ms) = raw.probe_timeout_ms {
+        if ms == 0 || ms >= bsr.probe_interval.as_millis() as u64 {
+            return Err(bad(format!(
+                "routing.probe_timeout_ms: {ms} must be above 0 and below the probe interval"
+            )));
+        }
+        bsr.probe_timeout = std::time::Duration::from_millis(ms);
+    }
+    let gbps = raw.link_gbps.unwrap_or(10.0);
+    if !(0.001..=1000.0).contains(&gbps) {
+        return Err(bad(format!(
+            "routing.link_gbps: {gbps} is outside 0.001..=1000"
+        )));
+    }
+    Ok(RoutingSettings {
+        source,
+        bsr,
+        link_capacity_bps: (gbps * 1e9) as u64,
+    })
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -260,6 +329,8 @@ pub struct NodeConfig {
     pub kv: Option<crate::kvgw::KvSettings>,
     /// IP over the torus (`[ip]`).
     pub ip: Option<crate::ip::IpConfig>,
+    /// Source routing and link loads (`[routing]`).
+    pub routing: RoutingSettings,
 }
 
 impl NodeConfig {
@@ -483,6 +554,7 @@ impl NodeConfig {
             apps,
             kv: kv_settings(raw.kv)?,
             ip: ip_settings(raw.ip, dims)?,
+            routing: routing_settings(raw.routing)?,
         })
     }
 }

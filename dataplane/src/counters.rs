@@ -47,6 +47,12 @@ pub struct LinkCounters {
     pub tx_ring_full: AtomicU64,
     /// Times the fill ring could not be topped up (UMEM exhausted).
     pub fill_starved: AtomicU64,
+    /// Gauge: the link's sending utilisation, per mille of its capacity (moving average).
+    pub load_tx_permille: AtomicU64,
+    /// Gauge: its receiving utilisation, per mille.
+    pub load_rx_permille: AtomicU64,
+    /// Gauge: frames waiting in its TX ring, x1000 (moving average).
+    pub load_queue_milli: AtomicU64,
 }
 
 /// A copy of a link's counters.
@@ -88,6 +94,12 @@ pub struct LinkCountersSnapshot {
     pub tx_ring_full: u64,
     /// See [`LinkCounters`].
     pub fill_starved: u64,
+    /// See [`LinkCounters`].
+    pub load_tx_permille: u64,
+    /// See [`LinkCounters`].
+    pub load_rx_permille: u64,
+    /// See [`LinkCounters`].
+    pub load_queue_milli: u64,
 }
 
 /// Adds `n` to a counter.
@@ -135,6 +147,9 @@ impl LinkCounters {
             drop_no_room: g(&self.drop_no_room),
             tx_ring_full: g(&self.tx_ring_full),
             fill_starved: g(&self.fill_starved),
+            load_tx_permille: g(&self.load_tx_permille),
+            load_rx_permille: g(&self.load_rx_permille),
+            load_queue_milli: g(&self.load_queue_milli),
         }
     }
 }

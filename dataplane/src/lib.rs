@@ -2,11 +2,13 @@
 //! and (as it grows) the sockets, pollers and runtime of `torusd`.
 
 pub mod apps;
+pub mod carrier;
 pub mod cluster;
 pub mod config;
 pub mod counters;
 pub mod ip;
 pub mod kvgw;
+pub mod linkload;
 pub mod loader;
 pub mod metrics;
 pub mod mgmt;

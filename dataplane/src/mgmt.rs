@@ -477,6 +477,39 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             with_dp(d, |dp| push(dp, Command::SetFault { dir, drop }))?;
             Ok(json!({"ok": true}))
         }
+        "routing" => {
+            // {"cmd":"routing","mode":"source"|"next-hop"}: how this server's own reliable
+            // traffic is routed from now on (source routing must be configured).
+            let on = match req.get("mode").and_then(Value::as_str) {
+                Some("source") => true,
+                Some("next-hop") => false,
+                _ => return Err("mode: \"source\" or \"next-hop\"".into()),
+            };
+            let rx = with_dp(d, |dp| {
+                let (tx, rx) = mpsc::channel();
+                let shards = dp.shared().shards.len();
+                for shard in 0..shards {
+                    dp.shared()
+                        .push_to(shard, Command::SetRouting(on, Some(tx.clone())))
+                        .map_err(|_| "the poller's command queue is full".to_string())?;
+                }
+                Ok((rx, shards))
+            })?;
+            let (rx, shards) = rx;
+            for _ in 0..shards {
+                match rx.recv_timeout(Duration::from_secs(5)) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return Err(
+                            "source routing is not configured here ([routing] mode = \"next-hop\" or \"source\")"
+                                .into(),
+                        )
+                    }
+                    Err(_) => return Err("no answer from the poller within 5 s".into()),
+                }
+            }
+            Ok(json!({"ok": true, "mode": if on { "source" } else { "next-hop" }}))
+        }
         "send_keys" => {
             let keys = req
                 .get("keys")

@@ -18,9 +18,11 @@ use torusnet_proto::wire::{Dest, FrameView, Header, Kind, HEADERS_LEN};
 
 use crate::config::Polling;
 use crate::counters::{add, LinkCounters};
+use crate::linkload::LinkLoads;
 use crate::loader::XdpAttachment;
 use crate::runtime::{
-    Command, EngineSnapshot, Handoff, Inbox, ShardShared, Shared, TransportStatus,
+    Command, EngineSnapshot, FlowRoute, Handoff, Inbox, RoutingStatus, ShardShared, Shared,
+    TransportStatus,
 };
 use crate::xsk::sys::XDP_PKT_CONTD;
 use crate::xsk::{Umem, XdpDesc, XskSocket, CHUNK};
@@ -181,6 +183,11 @@ pub struct Poller {
     services: Vec<Box<dyn Service>>,
     service_of: HashMap<u16, usize>,
     turn_now: Time,
+    loads: LinkLoads,
+    /// Unix time (ms) of the poller's epoch, to report its instants.
+    epoch_unix_ms: u64,
+    view_changed_unix_ms: u64,
+    carrier_down: DirSet,
 }
 
 impl Poller {
@@ -227,7 +234,39 @@ impl Poller {
             services: Vec::new(),
             service_of: HashMap::new(),
             turn_now: Time::ZERO,
+            loads: LinkLoads::new(std::iter::empty(), 0),
+            epoch_unix_ms: unix_ms(),
+            view_changed_unix_ms: unix_ms(),
+            carrier_down: DirSet::EMPTY,
         }
+        .with_link_capacity(10_000_000_000)
+    }
+
+    /// Measures link loads against `capacity_bps` per link.
+    pub fn with_link_capacity(mut self, capacity_bps: u64) -> Poller {
+        self.loads = LinkLoads::new(self.ports.iter().map(|p| p.dir), capacity_bps);
+        self
+    }
+
+    /// Samples every link's load when due and tells the engine.
+    fn sample_loads(&mut self) {
+        let now = self.now();
+        if !self.loads.due(now) {
+            return;
+        }
+        for i in 0..self.ports.len() {
+            let queue = self.ports[i].xsk.tx.outstanding();
+            let c = &self.shared.links[self.link_idx[i]].counters;
+            if let Some((dir, load)) = self.loads.sample(now, i, c, queue) {
+                self.node.set_link_load(dir, load);
+            }
+        }
+        self.loads.sampled(now);
+    }
+
+    /// The Unix time (ms) of an engine instant.
+    fn unix_ms_of(&self, t: Time) -> u64 {
+        self.epoch_unix_ms + t.as_nanos() / 1_000_000
     }
 
     /// Hosts `services` in this poller: events for their ids go to them, not to inboxes.
@@ -285,6 +324,7 @@ impl Poller {
             // frame can leave (the delivery contract, docs/transport.md).
             work += self.deliver_events();
             work += self.poll_services();
+            self.sample_loads();
             work += self.transmit();
             for i in 0..self.ports.len() {
                 self.complete(i);
@@ -486,9 +526,26 @@ impl Poller {
                     self.broadcast(e);
                     n += 1;
                 }
+                Command::LinkCarrier(dir, up) => {
+                    self.node.set_link_up(dir, up);
+                    self.carrier_down = if up {
+                        self.carrier_down.without(dir)
+                    } else {
+                        self.carrier_down.with(dir)
+                    };
+                    n += 1;
+                }
+                Command::SetRouting(on, reply) => {
+                    let ok = self.node.set_source_routing(on);
+                    if let Some(r) = reply {
+                        let _ = r.send(ok);
+                    }
+                    n += 1;
+                }
                 Command::SetView(view, macs, ack) => {
                     if self.node.set_view(*view).is_ok() {
                         self.view_version += 1;
+                        self.view_changed_unix_ms = unix_ms();
                     }
                     for (k, p) in self.ports.iter_mut().enumerate() {
                         if let Some(m) = macs[usize::from(p.dir.index())] {
@@ -1117,7 +1174,60 @@ impl Poller {
                     srtt_us: d.as_secs_f64() * 1e6,
                 })
                 .collect(),
+            routing: self.routing_status(),
+            view_changed_unix_ms: self.view_changed_unix_ms,
+            carrier_down: self.carrier_down.iter().map(|d| d.to_string()).collect(),
         };
         *self.me().snapshot.lock() = snap;
     }
+
+    fn routing_status(&self) -> RoutingStatus {
+        let s = self.node.source_stats();
+        let src = self.node.source_routing();
+        let mode = match (src.bsr(), src.is_enabled()) {
+            (None, _) => "off",
+            (Some(_), false) => "next-hop",
+            (Some(_), true) => "source",
+        };
+        let flows = src
+            .bsr()
+            .map(|b| {
+                b.routes()
+                    .take(256)
+                    .map(|(dst, r)| FlowRoute {
+                        dst: dst.to_string(),
+                        path: r.dirs().map(|d| d.name()).collect::<Vec<_>>().join(" "),
+                        avail_mbps: b
+                            .paths(dst)
+                            .into_iter()
+                            .find(|(p, _)| *p == r)
+                            .and_then(|(_, a)| a),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        RoutingStatus {
+            mode,
+            routed_sent: s.routed_sent,
+            forwarded: s.forwarded,
+            bad_route: s.bad_route,
+            path_failed: s.path_failed,
+            failures_sent: s.failures_sent,
+            replies_sent: s.replies_sent,
+            probes: s.bsr.probes,
+            replies: s.bsr.replies,
+            failures: s.bsr.failures,
+            switches: s.bsr.switches,
+            failovers: s.bsr.failovers,
+            last_failover_unix_ms: s.bsr.last_failover.map_or(0, |t| self.unix_ms_of(t)),
+            flows,
+        }
+    }
+}
+
+/// The Unix time now, ms.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -67,6 +67,11 @@ pub enum Command {
     Deliver(u16, Event),
     /// An event every service hears of, from a poller that hosts none.
     Broadcast(Event),
+    /// The kernel says link `Dir` lost (false) or regained (true) its carrier.
+    LinkCarrier(Dir, bool),
+    /// Source routing of this server's own traffic on or off; the answer says whether it
+    /// could be done (source routing configured).
+    SetRouting(bool, Option<std::sync::mpsc::Sender<bool>>),
 }
 
 impl std::fmt::Debug for Command {
@@ -84,6 +89,8 @@ impl std::fmt::Debug for Command {
             Command::NotifyAcks(s, on) => write!(f, "NotifyAcks({s}, {on})"),
             Command::Deliver(s, _) => write!(f, "Deliver({s})"),
             Command::Broadcast(_) => f.write_str("Broadcast"),
+            Command::LinkCarrier(d, up) => write!(f, "LinkCarrier({d}, {up})"),
+            Command::SetRouting(on, _) => write!(f, "SetRouting({on})"),
         }
     }
 }
@@ -245,6 +252,56 @@ pub struct EngineSnapshot {
     pub pollers: usize,
     /// The transport's smoothed RTT per peer (the first 1024 measured).
     pub rtt: Vec<PeerRtt>,
+    /// Source routing at this server.
+    pub routing: RoutingStatus,
+    /// When the view in use was adopted (Unix time, ms).
+    pub view_changed_unix_ms: u64,
+    /// Links whose carrier the kernel reports down.
+    pub carrier_down: Vec<String>,
+}
+
+/// Source routing at one server, for `torusctl status`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RoutingStatus {
+    /// "off", "next-hop" or "source": how this server's own reliable traffic is routed.
+    pub mode: &'static str,
+    /// Frames sent with a route of this server's choosing.
+    pub routed_sent: u64,
+    /// Source-routed frames passed on here by their route.
+    pub forwarded: u64,
+    /// Source-routed frames refused: a malformed route.
+    pub bad_route: u64,
+    /// Source-routed frames whose next link was down here.
+    pub path_failed: u64,
+    /// Path-failure reports sent to sources.
+    pub failures_sent: u64,
+    /// Probes answered here.
+    pub replies_sent: u64,
+    /// Probes sent by this server's path selection.
+    pub probes: u64,
+    /// Probe replies it took.
+    pub replies: u64,
+    /// Path-failure reports it took.
+    pub failures: u64,
+    /// Times a flow changed path.
+    pub switches: u64,
+    /// Of those, because a path failed.
+    pub failovers: u64,
+    /// When the latest failover happened (Unix time, ms; 0: never).
+    pub last_failover_unix_ms: u64,
+    /// The path each flow uses (the first 256).
+    pub flows: Vec<FlowRoute>,
+}
+
+/// The path a flow uses.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FlowRoute {
+    /// The flow's destination, x,y,z.
+    pub dst: String,
+    /// Its path, as directions.
+    pub path: String,
+    /// The available bandwidth the last probe of that path found, Mb/s.
+    pub avail_mbps: Option<u32>,
 }
 
 /// A peer's smoothed round-trip time.
@@ -652,6 +709,20 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         total.no_service += s.no_service;
         total.handoffs += s.handoffs;
         total.rtt.extend(s.rtt);
+        let (a, b) = (&mut total.routing, s.routing);
+        a.routed_sent += b.routed_sent;
+        a.forwarded += b.forwarded;
+        a.bad_route += b.bad_route;
+        a.path_failed += b.path_failed;
+        a.failures_sent += b.failures_sent;
+        a.replies_sent += b.replies_sent;
+        a.probes += b.probes;
+        a.replies += b.replies;
+        a.failures += b.failures;
+        a.switches += b.switches;
+        a.failovers += b.failovers;
+        a.last_failover_unix_ms = a.last_failover_unix_ms.max(b.last_failover_unix_ms);
+        a.flows.extend(b.flows);
     }
     total.pollers = pollers;
     total
@@ -871,6 +942,10 @@ impl Dataplane {
                 Box::new(crate::rmem::RmemPlacer(rm.clone())),
             );
             node.configure_service(crate::rmem::RMEM, 1, 8 << 20);
+            if let Some(on) = cfg.routing.source {
+                node.enable_source_routing(cfg.routing.bsr);
+                node.set_source_routing(on);
+            }
             // A few dozen chunks queued: the service keeps the rest until there is room.
             node.configure_service(torusnet_services::multicast::MCAST, 1, 4 << 20);
             node.configure_service(torusnet_services::aggregate::AGG, 1, 4 << 20);
@@ -914,7 +989,8 @@ impl Dataplane {
                 }
             }
             let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize)
-                .with_services(services);
+                .with_services(services)
+                .with_link_capacity(cfg.routing.link_capacity_bps);
             let core = cfg.cores.get(shard).copied();
             let handle = std::thread::Builder::new()
                 .name(format!("torusd-poll{shard}"))
@@ -926,6 +1002,42 @@ impl Dataplane {
                 })
                 .map_err(StartError::Thread)?;
             pollers.push(handle);
+        }
+        let links: Vec<(String, Dir)> = cfg
+            .links
+            .iter()
+            .map(|l| (l.ifname.clone(), l.dir))
+            .collect();
+        let weak = Arc::downgrade(&shared);
+        let done = Arc::downgrade(&shared);
+        let carrier = crate::carrier::start(
+            &links,
+            Arc::new(move || {
+                done.upgrade()
+                    .is_none_or(|s| s.shutdown.load(Ordering::Acquire))
+            }),
+            Box::new(move |dir, up| {
+                if let Some(s) = weak.upgrade() {
+                    for sh in &s.shards {
+                        // Full queues are drained within a turn: wait a little for room.
+                        let mut c = Command::LinkCarrier(dir, up);
+                        for _ in 0..1000 {
+                            match sh.commands.push(c) {
+                                Ok(()) => break,
+                                Err(back) => {
+                                    c = back;
+                                    std::thread::sleep(Duration::from_micros(100));
+                                }
+                            }
+                        }
+                        sh.wake();
+                    }
+                }
+            }),
+        );
+        if let Err(e) = carrier {
+            // Source routing then learns of dead links from the view alone.
+            tracing::warn!("cannot watch link carriers (netlink): {e}");
         }
         if let Some(a) = &cfg.apps {
             crate::apps::listener::start(a.clone(), shared.clone()).map_err(|e| {

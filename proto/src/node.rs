@@ -311,6 +311,12 @@ impl Node {
         self.source.enable(cfg);
     }
 
+    /// Turns source routing of this server's own traffic on or off after
+    /// [`Node::enable_source_routing`]; false (and nothing changes) without it.
+    pub fn set_source_routing(&mut self, on: bool) -> bool {
+        self.source.set_active(on)
+    }
+
     /// Source routing at this server (forwarding, probes, path selection), for reports.
     pub fn source_routing(&self) -> &SourceRouter {
         &self.source

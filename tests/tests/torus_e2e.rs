@@ -8,8 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use torusnet_dataplane::netns::enter;
-use torusnet_e2e::Torus;
+use torusnet_e2e::{inject, mac, Torus};
 use torusnet_proto::keyspace;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::Key;
@@ -148,52 +147,6 @@ fn torus_of_27_pairs_keys_and_failover() {
     eprintln!(
         "270 key-routed messages, all on their spec root; {moved} of them failed over from {dead}"
     );
-}
-
-/// Sends raw frames out of `ifname` in namespace `ns`.
-fn inject(ns: &str, ifname: &str, frames: Vec<Vec<u8>>) {
-    let (ns, ifname) = (ns.to_string(), ifname.to_string());
-    std::thread::spawn(move || {
-        enter(&ns).unwrap();
-        // SAFETY: a raw packet socket for the test's own frames.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW,
-                (libc::ETH_P_ALL as u16).to_be() as i32,
-            )
-        };
-        assert!(fd >= 0);
-        let c = std::ffi::CString::new(ifname).unwrap();
-        // SAFETY: plain syscalls on our socket.
-        unsafe {
-            let mut sa: libc::sockaddr_ll = std::mem::zeroed();
-            sa.sll_family = libc::AF_PACKET as u16;
-            sa.sll_ifindex = libc::if_nametoindex(c.as_ptr()) as i32;
-            assert!(
-                libc::bind(
-                    fd,
-                    (&sa as *const libc::sockaddr_ll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32
-                ) == 0
-            );
-            for f in &frames {
-                libc::send(fd, f.as_ptr().cast(), f.len(), 0);
-            }
-            libc::close(fd);
-        }
-    })
-    .join()
-    .unwrap();
-}
-
-fn mac(t: &Torus, c: Coord, ifname: &str) -> [u8; 6] {
-    let out = Command::new("ip")
-        .args(["-n", &t.ns(c), "-j", "link", "show", ifname])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    torusnet_dataplane::netns::parse_mac(v[0]["address"].as_str().unwrap()).unwrap()
 }
 
 #[test]

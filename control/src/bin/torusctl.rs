@@ -266,6 +266,16 @@ enum Cmd {
         #[arg(long)]
         drop: f64,
     },
+    /// Switch how this server's own reliable traffic is routed: by source routes chosen by
+    /// probing (BSR) or by link-state next hops. Needs `[routing] mode` set in the node file.
+    Routing {
+        /// torusd's management socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// `source` or `next-hop`.
+        #[arg(long, value_parser = ["source", "next-hop"])]
+        mode: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -553,6 +563,11 @@ fn run(cmd: Cmd) -> Result<String, String> {
             };
         }
         Cmd::Kv { socket, op } => return kv(&socket, op),
+        Cmd::Routing { socket, mode } => {
+            let req = serde_json::json!({"cmd": "routing", "mode": mode});
+            return dpclient::request(&socket, &req, Duration::from_secs(10))
+                .map(|v| v.to_string());
+        }
         Cmd::Fault { socket, link, drop } => {
             let req = serde_json::json!({"cmd": "fault", "link": link, "drop": drop});
             return dpclient::request(&socket, &req, Duration::from_secs(5)).map(|v| v.to_string());

@@ -74,6 +74,8 @@ pub struct BsrStats {
     pub switches: u64,
     /// Switches made because a path failed (a report, or the view).
     pub failovers: u64,
+    /// When the latest of those happened.
+    pub last_failover: Option<Time>,
 }
 
 #[derive(Debug)]
@@ -91,6 +93,12 @@ struct Flow {
     last_used: Time,
     /// Links failure reports named, with when they were reported.
     dead: Vec<(Coord, Dir, Time)>,
+    /// Bytes this server sent on the flow, and their count and time when the current round
+    /// started: the flow's own rate, which its path's links carry too.
+    sent: u64,
+    sent_at_round: (u64, Time),
+    /// The flow's own rate over the last round, Mb/s.
+    own_mbps: u32,
 }
 
 /// Path selection for every flow of one server.
@@ -146,10 +154,21 @@ impl Bsr {
                 next_probe: now,
                 last_used: now,
                 dead: Vec::new(),
+                sent: 0,
+                sent_at_round: (0, now),
+                own_mbps: 0,
             },
         );
         self.start_round(now, view, dst);
         Some(first)
+    }
+
+    /// This server put `bytes` on the flow to `dst` (its own load on its path, which
+    /// probes of that path must not count against it).
+    pub fn on_sent(&mut self, dst: Coord, bytes: usize) {
+        if let Some(f) = self.flows.get_mut(&dst) {
+            f.sent += bytes as u64;
+        }
     }
 
     /// The path in use towards `dst` and its index, if the flow exists.
@@ -175,6 +194,13 @@ impl Bsr {
     /// Flows being kept.
     pub fn flows(&self) -> usize {
         self.flows.len()
+    }
+
+    /// Every flow's destination and the path it uses, for reports.
+    pub fn routes(&self) -> impl Iterator<Item = (Coord, Route)> + '_ {
+        self.flows
+            .iter()
+            .filter_map(|(d, f)| Some((*d, *f.paths.get(f.current)?)))
     }
 
     /// Whether probes wait to be sent.
@@ -207,7 +233,10 @@ impl Bsr {
             return;
         }
         self.stats.replies += 1;
-        f.avail[i] = Some(p.avail_mbps);
+        // The flow's own traffic loads every link of the path it is on: the path has that
+        // much more for the flow than the probe saw, or the flow would flee its own load.
+        let own = if i == f.current { f.own_mbps } else { 0 };
+        f.avail[i] = Some(p.avail_mbps.saturating_add(own));
         f.answered |= 1 << i;
         if f.answered.count_ones() as usize == f.paths.len() {
             self.close_round(now, view, p.flow_dst);
@@ -259,6 +288,7 @@ impl Bsr {
             if f.current != before || f.paths.get(before).is_some_and(uses) {
                 self.stats.switches += 1;
                 self.stats.failovers += 1;
+                self.stats.last_failover = Some(now);
             }
         }
         self.start_round(now, view, dst);
@@ -298,6 +328,7 @@ impl Bsr {
                 }
                 self.stats.switches += 1;
                 self.stats.failovers += 1;
+                self.stats.last_failover = Some(now);
             }
             self.start_round(now, view, dst);
         }
@@ -365,6 +396,10 @@ impl Bsr {
                 .unwrap_or(0);
             f.paths = fresh;
         }
+        let (sent, at) = f.sent_at_round;
+        let ns = now.since(at).as_nanos().max(1);
+        f.own_mbps = u32::try_from(u128::from(f.sent - sent) * 8 * 1000 / ns).unwrap_or(u32::MAX);
+        f.sent_at_round = (f.sent, now);
         self.next_round = self.next_round.wrapping_add(1).max(1);
         f.round = self.next_round;
         f.answered = 0;
@@ -479,6 +514,26 @@ mod tests {
             b.on_probe(t0, &view, dst, &reply(&p, 9_000));
         }
         assert_eq!(b.current(dst).unwrap().0, i);
+    }
+
+    #[test]
+    fn a_flow_does_not_flee_its_own_load() {
+        let (view, mut b, dst) = setup();
+        let t0 = Time::ZERO;
+        b.route(t0, &view, dst).unwrap();
+        for p in std::iter::from_fn(|| b.poll_probe()).collect::<Vec<_>>() {
+            b.on_probe(t0, &view, dst, &reply(&p, 10_000));
+        }
+        assert_eq!(b.current(dst).unwrap().0, 0);
+        // 100 MB in 100 ms: 8 Gb/s of its own on path 0, which its probe sees as used.
+        b.on_sent(dst, 100_000_000);
+        b.handle_timeout(t0 + Duration::from_millis(100), &view);
+        for p in std::iter::from_fn(|| b.poll_probe()).collect::<Vec<_>>() {
+            let mbps = if p.path == 0 { 2_000 } else { 10_000 };
+            b.on_probe(t0, &view, dst, &reply(&p, mbps));
+        }
+        assert_eq!(b.current(dst).unwrap().0, 0, "{:?}", b.paths(dst));
+        assert_eq!(b.stats().switches, 0);
     }
 
     #[test]

@@ -75,6 +75,9 @@ enum Pending {
 pub struct SourceRouter {
     local: Coord,
     bsr: Option<Bsr>,
+    /// Whether this server's own flows take source routes now (path selection may be
+    /// set up yet inactive: the frames keep room for a route either way).
+    active: bool,
     loads: [LinkLoad; 6],
     /// Links the driver saw go down that the view may not show yet.
     down: DirSet,
@@ -89,6 +92,7 @@ impl SourceRouter {
         SourceRouter {
             local,
             bsr: None,
+            active: false,
             loads: [LinkLoad::default(); 6],
             down: DirSet::EMPTY,
             out: VecDeque::new(),
@@ -100,11 +104,22 @@ impl SourceRouter {
     /// Makes this server choose source routes for its own flows.
     pub fn enable(&mut self, cfg: BsrConfig) {
         self.bsr = Some(Bsr::new(self.local, cfg));
+        self.active = true;
+    }
+
+    /// Turns source routing of this server's own flows on or off (when enabled); off,
+    /// its frames go by next hops again. False when it was never enabled.
+    pub fn set_active(&mut self, on: bool) -> bool {
+        if self.bsr.is_none() {
+            return false;
+        }
+        self.active = on;
+        true
     }
 
     /// Whether this server source-routes its own flows.
     pub fn is_enabled(&self) -> bool {
-        self.bsr.is_some()
+        self.bsr.is_some() && self.active
     }
 
     /// Counters.
@@ -166,13 +181,16 @@ impl SourceRouter {
 
     /// The flow to `dst` is about to send: its route now (starting the flow if new).
     pub fn touch(&mut self, now: Time, view: &LinkView, dst: Coord) {
-        if let Some(b) = &mut self.bsr {
+        if let Some(b) = self.bsr.as_mut().filter(|_| self.active) {
             b.route(now, view, dst);
         }
     }
 
     /// The route frames to `dst` take now, if this server source-routes to it.
     pub fn route_to(&self, dst: Coord) -> Option<Route> {
+        if !self.active {
+            return None;
+        }
         self.bsr.as_ref()?.current(dst).map(|(_, r)| r)
     }
 
@@ -189,6 +207,9 @@ impl SourceRouter {
             Some(r) if r.first() == link => match source::insert(buf, len, &r) {
                 Some(n) => {
                     self.stats.routed_sent += 1;
+                    if let Some(b) = &mut self.bsr {
+                        b.on_sent(dst, n);
+                    }
                     n
                 }
                 None => len,
