@@ -282,6 +282,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         hops: 0,
         busy: a.busy,
         aggregate: true,
+        transit: true,
     };
     BUSY.store(a.busy, Ordering::Relaxed);
     let tag = format!("ba{}", std::process::id() % 10000);

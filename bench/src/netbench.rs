@@ -42,6 +42,10 @@ pub struct Common {
     /// Turn aggregation off.
     #[arg(long)]
     no_aggregation: bool,
+    /// Forwarding servers drop frames that find no link with room, instead of holding them
+    /// in their transit queue (the behaviour before it, for before/after figures).
+    #[arg(long)]
+    no_transit: bool,
     /// Short (best-effort) messages instead of reliable ones.
     #[arg(long)]
     short: bool,
@@ -75,6 +79,7 @@ impl Common {
             hops: self.hops,
             busy: self.polling == "busy",
             aggregate: !self.no_aggregation,
+            transit: !self.no_transit,
         }
     }
 }
@@ -298,8 +303,8 @@ fn print_flow(f: &FlowReport) {
     row("torusnet", &f.torusnet);
     let o = &f.overheads;
     println!(
-        "  torusnet: {:.2}x raw AF_XDP goodput, {:.1} messages/frame, extra frames {:.2}% (retransmitted {:.2}%), out of order {:.2}%",
-        f.goodput_over_raw, o.messages_per_frame, o.extra_frames_pct, o.retransmitted_pct, o.out_of_order_pct
+        "  torusnet: {:.2}x raw AF_XDP goodput, {:.1} messages/frame, extra frames {:.2}% (retransmitted {:.2}%), out of order {:.2}%; forwarded frames dropped for lack of room {}, held in transit {}, dropped entering AF_XDP rings {} ({} for want of a fill chunk)",
+        f.goodput_over_raw, o.messages_per_frame, o.extra_frames_pct, o.retransmitted_pct, o.out_of_order_pct, o.no_room_drops, o.forward_waited, o.ring_drops, o.fill_empty_drops
     );
     if let Some(x) = f.messages_per_s_over_udp {
         println!("  torusnet messages/s = {x:.2}x kernel UDP (blocking) datagrams/s");
@@ -354,6 +359,7 @@ fn common(
         mtu: mtu.to_string(),
         polling: if busy { "busy" } else { "adaptive" }.into(),
         no_aggregation: !aggregate,
+        no_transit: false,
         short,
         json: false,
     }

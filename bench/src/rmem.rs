@@ -248,6 +248,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         hops: 0,
         busy: a.busy,
         aggregate: true,
+        transit: true,
     };
     let tag = format!("br{}", std::process::id() % 10000);
     let mut r = stack::build(&tag, &s, None)?;

@@ -27,6 +27,9 @@ pub struct Setup {
     pub busy: bool,
     /// Aggregation of small messages.
     pub aggregate: bool,
+    /// Forwarding servers hold frames that find no room (the transit queue); off, they
+    /// drop them, as before the queue existed.
+    pub transit: bool,
 }
 
 /// A running setup: the cluster, which server sends and which receives.
@@ -205,6 +208,9 @@ pub fn start(r: &mut Running, s: &Setup) {
         } else {
             t += "polling = \"adaptive\"\n";
         }
+        if !s.transit {
+            t += "transit_chunks = 0\n";
+        }
         if !s.aggregate {
             t += "[transport]\naggregate = false\n";
         }
@@ -247,7 +253,46 @@ pub struct Overheads {
     pub out_of_order_pct: f64,
     /// Messages per data frame.
     pub messages_per_frame: f64,
+    /// Frames passing through a server dropped there for lack of room on their next link
+    /// (every server of the setup).
+    pub no_room_drops: u64,
+    /// Frames passing through that waited for room in a server's transit queue.
+    pub forward_waited: u64,
+    /// Frames the kernel dropped on their way into a server's AF_XDP sockets (RX ring full,
+    /// no fill chunk, other), every server of the setup: the receiver or a forwarder fell
+    /// behind.
+    pub ring_drops: u64,
+    /// Of those, for want of a fill-ring chunk (the server's UMEM was held elsewhere).
+    pub fill_empty_drops: u64,
 }
+
+/// The sum of a link counter over every link of every server.
+fn link_total(r: &Running, key: &str) -> u64 {
+    link_sum(r, &[&["counters", key]])
+}
+
+/// The sum of some per-link figures (paths into a link's status) over every server.
+fn link_sum(r: &Running, paths: &[&[&str]]) -> u64 {
+    (0..r.cluster.servers.len())
+        .filter_map(|i| counters(r, i).ok())
+        .map(|v| {
+            v["links"]
+                .as_array()
+                .map(|l| {
+                    l.iter()
+                        .map(|x| paths.iter().map(|p| n(x, p) as u64).sum::<u64>())
+                        .sum::<u64>()
+                })
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+const RING_DROPS: [&[&str]; 3] = [
+    &["xsk", "rx_dropped"],
+    &["xsk", "rx_ring_full"],
+    &["xsk", "rx_fill_ring_empty"],
+];
 
 fn counters(r: &Running, i: usize) -> Result<Value, String> {
     r.cluster.ctl(i, &json!({"cmd": "status"}))
@@ -273,6 +318,12 @@ pub fn transfer(
     let (tx, rx) = (r.tx, r.rx);
     let from = r.cluster.servers[tx].coord;
     let (a0, b0) = (counters(r, tx)?, counters(r, rx)?);
+    let (drops0, waited0) = (
+        link_total(r, "drop_no_room"),
+        link_total(r, "forward_waited"),
+    );
+    let rings0 = link_sum(r, &RING_DROPS);
+    let fill0 = link_sum(r, &[RING_DROPS[2]]);
     let pids = (
         r.cluster.pid(tx).unwrap_or(0),
         r.cluster.pid(rx).unwrap_or(0),
@@ -297,6 +348,12 @@ pub fn transfer(
     };
     let (c1a, c1b) = (process_cpu(pids.0), process_cpu(pids.1));
     let (a1, b1) = (counters(r, tx)?, counters(r, rx)?);
+    let (drops1, waited1) = (
+        link_total(r, "drop_no_room"),
+        link_total(r, "forward_waited"),
+    );
+    let rings1 = link_sum(r, &RING_DROPS);
+    let fill1 = link_sum(r, &[RING_DROPS[2]]);
     let check = |v: &Value| -> Result<(), String> {
         let rx = &v["receiver"];
         if reliable && rx["delivered"] != v["messages"] {
@@ -358,6 +415,10 @@ pub fn transfer(
         retransmitted_pct: 100.0 * retx / data.max(1.0),
         out_of_order_pct: 100.0 * ooo / rx_frames.max(1.0),
         messages_per_frame: msgs / data.max(1.0),
+        no_room_drops: drops1.saturating_sub(drops0),
+        forward_waited: waited1.saturating_sub(waited0),
+        ring_drops: rings1.saturating_sub(rings0),
+        fill_empty_drops: fill1.saturating_sub(fill0),
     };
     Ok((t, o))
 }

@@ -162,7 +162,7 @@ impl Cluster {
         for i in 0..self.servers.len() {
             let s = &self.servers[i];
             let mut t = format!(
-                "name = \"{}n{i}\"\ndims = \"{}\"\ncoord = \"{}\"\nmtu = {}\numem_chunks = 4096\nsocket = \"{}\"\n{}\n",
+                "name = \"{}n{i}\"\ndims = \"{}\"\ncoord = \"{}\"\nmtu = {}\numem_chunks = 8192\nsocket = \"{}\"\n{}\n",
                 self.tag,
                 self.dims,
                 s.coord,

@@ -111,6 +111,9 @@ struct Raw {
     transport: RawTransport,
     #[serde(default = "default_umem_chunks")]
     umem_chunks: u32,
+    /// UMEM chunks frames passing through may hold while they wait for a link (default an
+    /// eighth of the UMEM; 0: drop them when no link has room, as before the queue).
+    transit_chunks: Option<u32>,
     /// The control process's section of a shared node file (only its socket is read here).
     #[serde(default)]
     control: Option<toml::Value>,
@@ -331,6 +334,8 @@ pub struct NodeConfig {
     pub ip: Option<crate::ip::IpConfig>,
     /// Source routing and link loads (`[routing]`).
     pub routing: RoutingSettings,
+    /// UMEM chunks the transit queue may hold per poller (`None`: an eighth of its UMEM).
+    pub transit_chunks: Option<u32>,
 }
 
 impl NodeConfig {
@@ -555,6 +560,15 @@ impl NodeConfig {
             kv: kv_settings(raw.kv)?,
             ip: ip_settings(raw.ip, dims)?,
             routing: routing_settings(raw.routing)?,
+            transit_chunks: match raw.transit_chunks {
+                Some(c) if c > raw.umem_chunks / 2 => {
+                    return Err(bad(format!(
+                        "transit_chunks: {c} is more than half of umem_chunks ({})",
+                        raw.umem_chunks
+                    )))
+                }
+                c => c,
+            },
         })
     }
 }
@@ -712,6 +726,20 @@ mod tests {
     }
 
     #[test]
+    fn routing_is_off_unless_configured() {
+        let c = NodeConfig::parse(GOOD).unwrap();
+        assert_eq!(c.routing.source, None);
+        assert_eq!(c.routing.link_capacity_bps, 10_000_000_000);
+        let text = format!(
+            "{GOOD}\n[routing]\nmode = \"source\"\nprobe_interval_ms = 50\nlink_gbps = 2.5"
+        );
+        let c = NodeConfig::parse(&text).unwrap();
+        assert_eq!(c.routing.source, Some(true));
+        assert_eq!(c.routing.bsr.probe_interval.as_millis(), 50);
+        assert_eq!(c.routing.link_capacity_bps, 2_500_000_000);
+    }
+
+    #[test]
     fn refuses_bad_values_with_the_field_named() {
         let cases = [
             (GOOD.replace("2x1x1", "2x0x1"), "dims"),
@@ -722,6 +750,11 @@ mod tests {
             (GOOD.replace("polling = \"adaptive\"", "polling = \"lazy\""), "polling"),
             (GOOD.replace("mtu = 9000", "mtu = 9000\nbogus = 1"), "bogus"),
             (GOOD.replace("[[link]]\n        ifname = \"a0\"\n        dir = \"+x\"\n        neighbor_mac = \"02:00:00:00:00:01\"", ""), "no [[link]]"),
+            (format!("{GOOD}\n[routing]\nmode = \"bsr\""), "routing.mode"),
+            (format!("{GOOD}\n[routing]\nprobe_interval_ms = 1"), "routing.probe_interval_ms"),
+            (format!("{GOOD}\n[routing]\nprobe_timeout_ms = 500"), "routing.probe_timeout_ms"),
+            (format!("{GOOD}\n[routing]\nlink_gbps = 0"), "routing.link_gbps"),
+            (GOOD.replace("mtu = 9000", "mtu = 9000\ntransit_chunks = 9000"), "transit_chunks"),
         ];
         for (text, want) in cases {
             let e = NodeConfig::parse(&text).unwrap_err().to_string();

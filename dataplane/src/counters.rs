@@ -41,8 +41,11 @@ pub struct LinkCounters {
     pub drop_bad_route: AtomicU64,
     /// Drops: the next hop a source route named was down here (its source was told).
     pub drop_path_failed: AtomicU64,
-    /// Drops: a forwarded frame found no next-hop link with TX room.
+    /// Drops: a frame passing through found no next-hop link with TX room and the transit
+    /// queue was full.
     pub drop_no_room: AtomicU64,
+    /// Frames passing through that waited in the transit queue for a link to drain.
+    pub forward_waited: AtomicU64,
     /// Times the TX ring had no room for a frame the runtime wanted to send.
     pub tx_ring_full: AtomicU64,
     /// Times the fill ring could not be topped up (UMEM exhausted).
@@ -90,6 +93,8 @@ pub struct LinkCountersSnapshot {
     pub drop_path_failed: u64,
     /// See [`LinkCounters`].
     pub drop_no_room: u64,
+    /// See [`LinkCounters`].
+    pub forward_waited: u64,
     /// See [`LinkCounters`].
     pub tx_ring_full: u64,
     /// See [`LinkCounters`].
@@ -145,6 +150,7 @@ impl LinkCounters {
             drop_bad_route: g(&self.drop_bad_route),
             drop_path_failed: g(&self.drop_path_failed),
             drop_no_room: g(&self.drop_no_room),
+            forward_waited: g(&self.forward_waited),
             tx_ring_full: g(&self.tx_ring_full),
             fill_starved: g(&self.fill_starved),
             load_tx_permille: g(&self.load_tx_permille),

@@ -16,6 +16,7 @@ pub mod netns;
 pub mod poller;
 pub mod rmem;
 pub mod runtime;
+pub mod transit;
 pub mod watch;
 pub mod xdp_object;
 pub mod xsk;

@@ -24,6 +24,7 @@ use crate::runtime::{
     Command, EngineSnapshot, FlowRoute, Handoff, Inbox, RoutingStatus, ShardShared, Shared,
     TransportStatus,
 };
+use crate::transit::Transit;
 use crate::xsk::sys::XDP_PKT_CONTD;
 use crate::xsk::{Umem, XdpDesc, XskSocket, CHUNK};
 
@@ -188,6 +189,8 @@ pub struct Poller {
     epoch_unix_ms: u64,
     view_changed_unix_ms: u64,
     carrier_down: DirSet,
+    /// Frames passing through that wait for room on their next link.
+    transit: Transit,
 }
 
 impl Poller {
@@ -206,7 +209,9 @@ impl Poller {
             by_dir[usize::from(p.dir.index())] = Some(i);
         }
         let ring = ports.first().map(|p| p.xsk.fill.size()).unwrap_or(2048);
-        let fill_target = (ring / 2)
+        // An eighth of the UMEM may wait in transit; the rest keeps the fill rings stocked.
+        let transit_chunks = (umem.chunks() / 8) as usize;
+        let fill_target = ring
             .min(umem.chunks() / (2 * ports.len().max(1) as u32))
             .max(16);
         Poller {
@@ -238,8 +243,45 @@ impl Poller {
             epoch_unix_ms: unix_ms(),
             view_changed_unix_ms: unix_ms(),
             carrier_down: DirSet::EMPTY,
+            transit: Transit::new(transit_chunks),
         }
         .with_link_capacity(10_000_000_000)
+    }
+
+    /// Sends a frame passing through on one of `hops`, or holds it until a link has room
+    /// (behind frames already waiting for those links, so none overtakes another); drops
+    /// it, counted, only when the transit queue is full.
+    fn forward_or_hold(&mut self, from: usize, hops: DirSet, descs: &[XdpDesc]) {
+        let queued_before = self.transit.wanted().bits() & hops.bits() != 0;
+        if !queued_before && self.forward(from, hops, descs) {
+            return;
+        }
+        if self.transit.push(hops, descs, from) {
+            add(&self.counters(from).forward_waited, 1);
+        } else {
+            add(&self.counters(from).drop_no_room, 1);
+            self.release_parts(descs);
+        }
+    }
+
+    /// Sends what waits in transit, oldest first, on links that have room now.
+    fn drain_transit(&mut self) -> usize {
+        if self.transit.is_empty() {
+            return 0;
+        }
+        let mut t = std::mem::replace(&mut self.transit, Transit::new(0));
+        let n = t.drain(|hops, descs, from| self.forward(from, hops, descs));
+        self.transit = t;
+        n
+    }
+
+    /// Lets frames in transit hold at most `chunks` UMEM chunks (0: drop them when no link
+    /// has room).
+    pub fn with_transit_chunks(mut self, chunks: Option<u32>) -> Poller {
+        if let Some(c) = chunks {
+            self.transit = Transit::new(c as usize);
+        }
+        self
     }
 
     /// Measures link loads against `capacity_bps` per link.
@@ -623,13 +665,7 @@ impl Poller {
                 self.counters(i).drop(r);
                 self.umem.release(d.addr);
             }
-            RxAction::Forward(hops) => {
-                let descs = [d];
-                if !self.forward(i, hops, &descs) {
-                    add(&self.counters(i).drop_no_room, 1);
-                    self.umem.release(d.addr);
-                }
-            }
+            RxAction::Forward(hops) => self.forward_or_hold(i, hops, &[d]),
         }
     }
 
@@ -683,10 +719,7 @@ impl Poller {
                     self.umem
                         .slice_mut(first.addr, n)
                         .copy_from_slice(&scratch[..n]);
-                    if !self.forward(i, hops, &parts) {
-                        add(&self.counters(i).drop_no_room, 1);
-                        self.release_parts(&parts);
-                    }
+                    self.forward_or_hold(i, hops, &parts);
                 }
             }
             self.scratch = scratch;
@@ -712,12 +745,7 @@ impl Poller {
             return false;
         };
         match action {
-            RxAction::Forward(hops) => {
-                if !self.forward(i, hops, parts) {
-                    add(&self.counters(i).drop_no_room, 1);
-                    self.release_parts(parts);
-                }
-            }
+            RxAction::Forward(hops) => self.forward_or_hold(i, hops, parts),
             RxAction::Drop(r) => {
                 self.counters(i).drop(r);
                 self.release_parts(parts);
@@ -877,7 +905,9 @@ impl Poller {
 
     /// Asks the engine for frames while links have room and chunks are free.
     fn transmit(&mut self) -> usize {
-        let mut sent = 0;
+        let mut sent = self.drain_transit();
+        // Links frames in transit wait for are theirs first.
+        let reserved = self.transit.wanted();
         for _ in 0..BATCH * self.ports.len().max(1) as u32 {
             let mut room = DirSet::EMPTY;
             for p in &mut self.ports {
@@ -892,6 +922,7 @@ impl Poller {
                     }
                 }
             }
+            let room = DirSet::from_bits(room.bits() & !reserved.bits());
             if room.is_empty() || self.umem.free_chunks() < self.chunks_per_frame as usize {
                 break;
             }

@@ -990,7 +990,8 @@ impl Dataplane {
             }
             let poller = Poller::new(shard, node, umem, ports, shared.clone(), cfg.mtu as usize)
                 .with_services(services)
-                .with_link_capacity(cfg.routing.link_capacity_bps);
+                .with_link_capacity(cfg.routing.link_capacity_bps)
+                .with_transit_chunks(cfg.transit_chunks);
             let core = cfg.cores.get(shard).copied();
             let handle = std::thread::Builder::new()
                 .name(format!("torusd-poll{shard}"))
