@@ -303,6 +303,65 @@ def ip_over_torus():
         print(f"   iperf3 did not run: {v}")
 
 
+IFNAME = {"+x": "px", "-x": "mx", "+y": "py", "-y": "my", "+z": "pz", "-z": "mz"}
+STEP = {"+x": (1, 0, 0), "-x": (-1, 0, 0), "+y": (0, 1, 0), "-y": (0, -1, 0), "+z": (0, 0, 1), "-z": (0, 0, -1)}
+
+
+def source_routing():
+    a, b = (0, 0, 1), (1, 1, 1)
+    section(f"source routing (BSR): {s(a)} -> {s(b)} on a probed path; a link of the path cut mid-transfer")
+    ask(a, {"cmd": "routing", "mode": "source"})
+    result = {}
+
+    def run():
+        try:
+            result["r"] = ask(a, {"cmd": "bench", "to": s(b), "bytes": 600_000_000, "size": 65536,
+                                  "timeout_ms": 60_000})
+        except RuntimeError as e:
+            result["error"] = str(e)
+
+    th = threading.Thread(target=run)
+    th.start()
+    path = None
+    for _ in range(100):
+        flows = ask(a, {"cmd": "status"})["engine"]["routing"]["flows"]
+        path = next((f["path"].split() for f in flows if f["dst"] == s(b)), None)
+        if path and len(path) >= 2:
+            break
+        time.sleep(0.02)
+    time.sleep(0.3)
+    st = ask(a, {"cmd": "status"})["engine"]
+    path = next((f["path"].split() for f in st["routing"]["flows"] if f["dst"] == s(b)), path)
+    mid = tuple((a[i] + STEP[path[0]][i]) % 3 for i in range(3))
+    failovers = st["routing"]["failovers"]
+    t0 = time.time()
+    subprocess.run(["ip", "-n", f"{PREFIX}-{mid[0]}-{mid[1]}-{mid[2]}", "link", "set", IFNAME[path[1]], "down"], check=True)
+    switched = viewed = None
+    while (switched is None or viewed is None) and time.time() - t0 < 5:
+        st = ask(a, {"cmd": "status"})["engine"]
+        if switched is None and st["routing"]["failovers"] > failovers:
+            switched = st["routing"]["last_failover_unix_ms"] - t0 * 1000
+        if viewed is None and st["view_changed_unix_ms"] > t0 * 1000:
+            viewed = st["view_changed_unix_ms"] - t0 * 1000
+        time.sleep(0.02)
+    th.join()
+    if "error" in result:
+        print(f"   the transfer failed: {result['error']}")
+        subprocess.run(["ip", "-n", f"{PREFIX}-{mid[0]}-{mid[1]}-{mid[2]}", "link", "set", IFNAME[path[1]], "up"], check=True)
+        raise SystemExit("source routing: the transfer across the cut did not complete")
+    r = result["r"]
+    rx = r["receiver"]
+    now = next((f["path"] for f in ask(a, {"cmd": "status"})["engine"]["routing"]["flows"] if f["dst"] == s(b)), "?")
+    fmt = lambda v: f"{v:.0f} ms" if v is not None else "not seen"
+    print(f"   path {' '.join(path)}; link {s(mid)}:{path[1]} cut: the source switched to {now} {fmt(switched)} after the cut "
+          f"(the server next to the cut told it), its link-state view changed {fmt(viewed)} after")
+    print(f"   {r['bytes'] / 1e6:.0f} MB at {r['goodput_gbps']:.2f} Gb/s, {rx['delivered']} of {r['messages']} messages, "
+          f"checksums {'match' if rx['checksum'] == r['sender_checksum'] else 'DIFFER'}")
+    subprocess.run(["ip", "-n", f"{PREFIX}-{mid[0]}-{mid[1]}-{mid[2]}", "link", "set", IFNAME[path[1]], "up"], check=True)
+    ask(a, {"cmd": "routing", "mode": "next-hop"})
+    converge(27)
+
+
 def main():
     section("control plane")
     took = converge(27)
@@ -375,6 +434,7 @@ def main():
     churn()
     key_value()
     ip_over_torus()
+    source_routing()
 
     dead = (2, 0, 2)
     section(f"the same while link 0,0,0:-x is cut and server {s(dead)} (on a shortest path, root of some keys) is killed")

@@ -15,7 +15,7 @@ cleanup() { bash scripts/netns-torus.sh down --prefix "$PREFIX" >/dev/null 2>&1 
 trap cleanup EXIT
 trap 'echo; echo "interrupted: tearing the torus down"; exit 130' INT TERM
 echo "== bringing up a 3x3x3 torus of namespaces"
-bash scripts/netns-torus.sh up 3x3x3 --prefix "$PREFIX" --front
+bash scripts/netns-torus.sh up 3x3x3 --prefix "$PREFIX" --front --routing 'mode = "next-hop"'
 bash scripts/netns-torus.sh start --prefix "$PREFIX"
 python3 scripts/demo.py "$PREFIX"
 echo

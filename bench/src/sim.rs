@@ -63,6 +63,9 @@ enum Exp {
         #[command(flatten)]
         out: Out,
     },
+    /// The routing modes (next hops, source routes by BSR, key routing) under all-to-all and
+    /// a hot row, with 0..20% of servers and links failed: aggregate throughput.
+    Routing(crate::sim_routing::Args),
     /// Key-routed messages under churn: servers fail and rejoin; an oracle checks where
     /// every message landed.
     Churn {
@@ -119,7 +122,8 @@ struct Out {
     threads: usize,
 }
 
-fn cfg(k: u16, spread_by_load: bool) -> Result<SimConfig, String> {
+/// The simulated torus of the experiments: k x k x k, 1 Gb/s links, 1 us, MTU 9000.
+pub(crate) fn cfg(k: u16, spread_by_load: bool) -> Result<SimConfig, String> {
     Ok(SimConfig {
         dims: Dims::new(k, k, k).map_err(|e| e.to_string())?,
         rate_bps: 1_000_000_000,
@@ -438,6 +442,7 @@ fn positive(what: &str, v: f64) -> Result<f64, String> {
 pub fn run(a: &Args) -> Result<(), String> {
     with_huge_pages();
     match &a.exp {
+        Exp::Routing(r) => crate::sim_routing::run(r)?,
         Exp::Alltoall {
             sizes,
             ms,

@@ -477,9 +477,7 @@ impl Node {
             return Err(SendError::Unreachable);
         }
         self.last_now = self.last_now.max(now);
-        if reliable {
-            self.source.touch(now, &self.view, dest);
-        }
+        self.source.touch(now, &self.view, dest);
         self.transport.send(
             now,
             Outgoing {

@@ -33,7 +33,10 @@ impl Mesh {
             .coords()
             .map(|c| {
                 let mut n = Node::new(c, view.clone(), Config::default()).unwrap();
-                n.enable_source_routing(BsrConfig::default());
+                n.enable_source_routing(BsrConfig {
+                    probe_after_bytes: 0,
+                    ..BsrConfig::default()
+                });
                 n
             })
             .collect();
@@ -355,4 +358,45 @@ fn malformed_routes_are_refused_and_counted() {
         RxAction::Forward(DirSet::EMPTY.with(Dir::PlusX))
     );
     assert_eq!(node.source_stats().bad_route, 1);
+}
+
+#[test]
+fn a_flood_of_probes_is_answered_within_a_bound() {
+    use torusnet_proto::routing::probe::{Probe, ProbeKind, PROBE_LEN};
+    let dims = Dims::new(4, 4, 1).unwrap();
+    let mut mesh = Mesh::new(dims);
+    let (src, dst) = (Coord::new(0, 0, 0), Coord::new(1, 0, 0));
+    let mut h = Header::new(Kind::Probe, src, Dest::Server(dst));
+    h.payload_len = PROBE_LEN as u16;
+    let mut f = vec![0u8; HEADERS_LEN + PROBE_LEN];
+    h.emit(&mut f).unwrap();
+    Probe {
+        kind: ProbeKind::Probe,
+        path: 0,
+        round: 1,
+        avail_mbps: 1000,
+        flow_dst: dst,
+    }
+    .emit(&mut f[HEADERS_LEN..])
+    .unwrap();
+    let node = &mut mesh.nodes[1];
+    for _ in 0..10_000 {
+        let mut g = f.clone();
+        assert_eq!(
+            node.handle_rx(Time::ZERO, Dir::MinusX, &mut g),
+            RxAction::Consumed
+        );
+    }
+    assert_eq!(
+        node.source_stats().replies_sent,
+        4096,
+        "answers queued at most"
+    );
+    // A garbage probe payload is ignored.
+    let mut g = f.clone();
+    g[HEADERS_LEN] = 9;
+    assert_eq!(
+        node.handle_rx(Time::ZERO, Dir::MinusX, &mut g),
+        RxAction::Consumed
+    );
 }

@@ -35,6 +35,11 @@ pub struct BsrConfig {
     /// count as equal, and the shortest of them wins: a longer path spends more of the
     /// torus for the same rate.
     pub equal_permille: u32,
+    /// Bytes a flow sends before its paths are probed: a probing round costs two frames
+    /// per path, more than a short flow carries (in an all-to-all every server has a
+    /// flow to every other). Until then a flow takes the shortest path whose first link
+    /// has the most room here, chosen again every probe interval.
+    pub probe_after_bytes: u64,
 }
 
 impl Default for BsrConfig {
@@ -44,6 +49,7 @@ impl Default for BsrConfig {
             probe_timeout: Duration::from_millis(20),
             dead_link_hold: Duration::from_secs(2),
             equal_permille: 900,
+            probe_after_bytes: 256 << 10,
         }
     }
 }
@@ -99,6 +105,9 @@ struct Flow {
     sent_at_round: (u64, Time),
     /// The flow's own rate over the last round, Mb/s.
     own_mbps: u32,
+    /// Whether it sent enough to be probed; until then, when its default path was chosen.
+    probing: bool,
+    chosen_at: Time,
 }
 
 /// Path selection for every flow of one server.
@@ -130,25 +139,40 @@ impl Bsr {
         self.stats
     }
 
-    /// The route frames to `dst` take now, starting the flow (its path set and a first
-    /// probing round) when it is new. Until the probes answer, the shortest path is used,
-    /// as BSR's source does not hold packets while it selects. `None` when no path leads
-    /// there.
-    pub fn route(&mut self, now: Time, view: &LinkView, dst: Coord) -> Option<Route> {
+    /// The route frames to `dst` take now, starting the flow when it is new. A flow that
+    /// has not yet sent [`BsrConfig::probe_after_bytes`] takes the shortest path whose
+    /// first link has the most room here (`free`, Mb/s per direction), chosen again every
+    /// probe interval; after that its paths are probed, and until the probes answer it
+    /// keeps its path, as BSR's source does not hold packets while it selects. `None` when
+    /// no path leads there.
+    pub fn route(
+        &mut self,
+        now: Time,
+        view: &LinkView,
+        dst: Coord,
+        free: &[u32; 6],
+    ) -> Option<Route> {
+        let interval = self.cfg.probe_interval;
         if let Some(f) = self.flows.get_mut(&dst) {
             f.last_used = now;
+            if !f.probing && now.since(f.chosen_at) >= interval {
+                f.current = default_path(&f.paths, free);
+                f.chosen_at = now;
+            }
             return f.paths.get(f.current).copied();
         }
         let paths = path_set_avoiding(view, self.local, dst, &HashSet::new());
-        let first = *paths.first()?;
+        let current = default_path(&paths, free);
+        let first = *paths.get(current)?;
         let n = paths.len();
+        let probing = self.cfg.probe_after_bytes == 0;
         self.flows.insert(
             dst,
             Flow {
                 paths,
                 avail: vec![None; n],
                 answered: 0,
-                current: 0,
+                current,
                 round: 0,
                 round_ends: None,
                 next_probe: now,
@@ -157,17 +181,28 @@ impl Bsr {
                 sent: 0,
                 sent_at_round: (0, now),
                 own_mbps: 0,
+                probing,
+                chosen_at: now,
             },
         );
-        self.start_round(now, view, dst);
+        if probing {
+            self.start_round(now, view, dst);
+        }
         Some(first)
     }
 
     /// This server put `bytes` on the flow to `dst` (its own load on its path, which
     /// probes of that path must not count against it).
     pub fn on_sent(&mut self, dst: Coord, bytes: usize) {
+        let after = self.cfg.probe_after_bytes;
         if let Some(f) = self.flows.get_mut(&dst) {
             f.sent += bytes as u64;
+            if !f.probing && f.sent >= after {
+                // Due now: the next timer run starts its first round.
+                f.probing = true;
+                f.next_probe = Time::ZERO;
+                f.sent_at_round = (f.sent, f.chosen_at);
+            }
         }
     }
 
@@ -338,6 +373,7 @@ impl Bsr {
     pub fn poll_timeout(&self) -> Option<Time> {
         self.flows
             .values()
+            .filter(|f| f.probing)
             .map(|f| f.round_ends.unwrap_or(f.next_probe))
             .min()
     }
@@ -350,6 +386,7 @@ impl Bsr {
         let due: Vec<(Coord, bool)> = self
             .flows
             .iter()
+            .filter(|(_, f)| f.probing)
             .filter_map(|(d, f)| match f.round_ends {
                 Some(t) if t <= now => Some((*d, true)),
                 None if f.next_probe <= now => Some((*d, false)),
@@ -436,6 +473,18 @@ impl Bsr {
     }
 }
 
+/// Of the shortest paths in `paths`, the one whose first link has the most room (`free`,
+/// Mb/s per direction); the first of them on a tie.
+fn default_path(paths: &[Route], free: &[u32; 6]) -> usize {
+    let shortest = paths.iter().map(Route::len).min().unwrap_or(0);
+    paths
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.len() == shortest)
+        .max_by_key(|(i, r)| (free[usize::from(r.first().index())], std::cmp::Reverse(*i)))
+        .map_or(0, |(i, _)| i)
+}
+
 /// The paths from `local` to `dst` under `view` without the links in `dead`.
 fn rebuilt(view: &LinkView, local: Coord, dst: Coord, dead: &[(Coord, Dir, Time)]) -> Vec<Route> {
     let dead: HashSet<(Coord, Dir)> = dead.iter().map(|(c, d, _)| (*c, *d)).collect();
@@ -482,20 +531,54 @@ mod tests {
         }
     }
 
+    const FREE: [u32; 6] = [u32::MAX; 6];
+
     fn setup() -> (LinkView, Bsr, Coord) {
         let view = LinkView::all_up(Dims::new(4, 4, 1).unwrap()).unwrap();
+        let cfg = BsrConfig {
+            probe_after_bytes: 0,
+            ..BsrConfig::default()
+        };
         (
             view,
-            Bsr::new(Coord::new(0, 0, 0), BsrConfig::default()),
+            Bsr::new(Coord::new(0, 0, 0), cfg),
             Coord::new(1, 0, 0),
         )
+    }
+
+    #[test]
+    fn short_flows_take_the_roomiest_shortest_path_without_probing() {
+        let view = LinkView::all_up(Dims::new(4, 4, 1).unwrap()).unwrap();
+        let mut b = Bsr::new(Coord::new(0, 0, 0), BsrConfig::default());
+        let dst = Coord::new(1, 1, 0);
+        let t0 = Time::ZERO;
+        // +x is busy here: the flow starts on the +y-first shortest path.
+        let mut free = FREE;
+        free[usize::from(Dir::PlusX.index())] = 100;
+        let r = b.route(t0, &view, dst, &free).unwrap();
+        assert_eq!((r.len(), r.first()), (2, Dir::PlusY));
+        assert!(b.poll_probe().is_none() && b.poll_timeout().is_none());
+        // Within the interval it keeps its path; after it, the choice is made again.
+        free = FREE;
+        free[usize::from(Dir::PlusY.index())] = 100;
+        assert_eq!(b.route(t0, &view, dst, &free).unwrap().first(), Dir::PlusY);
+        let later = t0 + Duration::from_millis(100);
+        assert_eq!(
+            b.route(later, &view, dst, &free).unwrap().first(),
+            Dir::PlusX
+        );
+        // Once it has sent enough, its paths are probed.
+        b.on_sent(dst, 300 << 10);
+        let due = b.poll_timeout().unwrap();
+        b.handle_timeout(due.max(later), &view);
+        assert!(b.poll_probe().is_some());
     }
 
     #[test]
     fn picks_the_path_with_the_most_available_bandwidth() {
         let (view, mut b, dst) = setup();
         let t0 = Time::ZERO;
-        let first = b.route(t0, &view, dst).unwrap();
+        let first = b.route(t0, &view, dst, &FREE).unwrap();
         assert_eq!(first.len(), 1);
         let probes: Vec<ProbeOut> = std::iter::from_fn(|| b.poll_probe()).collect();
         assert!(probes.len() >= 3);
@@ -520,7 +603,7 @@ mod tests {
     fn a_flow_does_not_flee_its_own_load() {
         let (view, mut b, dst) = setup();
         let t0 = Time::ZERO;
-        b.route(t0, &view, dst).unwrap();
+        b.route(t0, &view, dst, &FREE).unwrap();
         for p in std::iter::from_fn(|| b.poll_probe()).collect::<Vec<_>>() {
             b.on_probe(t0, &view, dst, &reply(&p, 10_000));
         }
@@ -541,7 +624,7 @@ mod tests {
         let (view, mut b, _) = setup();
         let dst = Coord::new(2, 1, 0);
         let t0 = Time::ZERO;
-        let r = b.route(t0, &view, dst).unwrap();
+        let r = b.route(t0, &view, dst, &FREE).unwrap();
         while b.poll_probe().is_some() {}
         // The first hop's far end cannot go on.
         let at = view.dims().neighbor(Coord::new(0, 0, 0), r.first());
@@ -576,7 +659,7 @@ mod tests {
     fn unanswered_paths_fail_at_the_round_deadline_and_idle_flows_are_dropped() {
         let (view, mut b, dst) = setup();
         let t0 = Time::ZERO;
-        b.route(t0, &view, dst).unwrap();
+        b.route(t0, &view, dst, &FREE).unwrap();
         let probes: Vec<ProbeOut> = std::iter::from_fn(|| b.poll_probe()).collect();
         // Only the last path answers.
         let last = probes.last().unwrap();
@@ -594,7 +677,7 @@ mod tests {
     fn a_view_that_breaks_the_path_moves_the_flow() {
         let (mut view, mut b, dst) = setup();
         let t0 = Time::ZERO;
-        let r = b.route(t0, &view, dst).unwrap();
+        let r = b.route(t0, &view, dst, &FREE).unwrap();
         view.set_link(Coord::new(0, 0, 0), r.first(), false)
             .unwrap();
         b.on_view(t0, &view);

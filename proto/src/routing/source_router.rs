@@ -22,6 +22,9 @@ use crate::wire::{self, Dest, Header, Kind, HEADERS_LEN};
 /// reporting it once: the source moves within a round trip, and a burst of frames still on
 /// the old path must not become a burst of reports.
 const REPORT_HOLD: Duration = Duration::from_millis(1);
+/// Replies and reports waiting to be sent, at most: a flood of probes (a hostile neighbour)
+/// costs dropped answers, not memory.
+const MAX_PENDING: usize = 4096;
 
 /// Counters of source routing at one server.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -181,8 +184,15 @@ impl SourceRouter {
 
     /// The flow to `dst` is about to send: its route now (starting the flow if new).
     pub fn touch(&mut self, now: Time, view: &LinkView, dst: Coord) {
-        if let Some(b) = self.bsr.as_mut().filter(|_| self.active) {
-            b.route(now, view, dst);
+        if self.bsr.is_none() || !self.active {
+            return;
+        }
+        let mut free = [0u32; 6];
+        for d in Dir::ALL {
+            free[usize::from(d.index())] = self.free(d, true);
+        }
+        if let Some(b) = &mut self.bsr {
+            b.route(now, view, dst, &free);
         }
     }
 
@@ -286,6 +296,9 @@ impl SourceRouter {
             return;
         }
         self.reported.push_back((h.src, dst, now));
+        if self.out.len() >= MAX_PENDING {
+            return;
+        }
         self.stats.failures_sent += 1;
         self.out.push_back(Pending::Report {
             dst: h.src,
@@ -319,6 +332,9 @@ impl SourceRouter {
             ProbeKind::Probe => {
                 if let Some(i) = in_link {
                     p.avail_mbps = p.avail_mbps.min(self.free(i, false));
+                }
+                if self.out.len() >= MAX_PENDING {
+                    return;
                 }
                 p.kind = ProbeKind::Reply;
                 self.stats.replies_sent += 1;

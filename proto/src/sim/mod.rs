@@ -14,6 +14,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::node::{Event, MsgOptions, Node, Target};
+use crate::routing::bsr::BsrConfig;
+use crate::routing::load::LinkMeter;
 use crate::routing::LinkView;
 use crate::time::Time;
 use crate::topology::{Coord, Dims, Dir};
@@ -58,6 +60,8 @@ struct Link {
     far: u32,
     /// Whether the link is live in the current view (cached from the view per change).
     live: bool,
+    /// Bytes put on the link (frames with their preamble and gap), for its load figure.
+    tx_bytes: u64,
 }
 
 /// Counters of a run.
@@ -131,6 +135,11 @@ pub struct Sim {
     frame_ns: u64,
     /// The settings every control plane starts from.
     control_template: Option<crate::control::ControlConfig>,
+    /// Path selection every engine runs for its own traffic (source routing), when set.
+    source_routing: Option<BsrConfig>,
+    /// One meter per directed link (server index x 6 + direction), the next sample time and
+    /// the period: engines read their links' loads as torusd's pollers measure them.
+    meters: Option<(Vec<LinkMeter>, Time, Duration)>,
 }
 
 impl Sim {
@@ -188,7 +197,53 @@ impl Sim {
             retired: SimStats::default(),
             frame_ns,
             control_template: None,
+            source_routing: None,
+            meters: None,
         })
+    }
+
+    /// Makes every engine source-route its own traffic (BSR path selection), now and
+    /// after restarts. Call before any traffic.
+    pub fn enable_source_routing(&mut self, cfg: BsrConfig) {
+        self.source_routing = Some(cfg);
+        for p in &mut self.parts {
+            for n in &mut p.nodes {
+                n.enable_source_routing(cfg);
+            }
+        }
+    }
+
+    /// Measures every link's load every `every` of simulated time (at the end of the run
+    /// step in which it falls due) and gives each engine its links' figures, as torusd's
+    /// pollers do every 10 ms.
+    pub fn measure_link_loads(&mut self, every: Duration) {
+        let n = self.cfg.dims.count() as usize * 6;
+        self.meters = Some((vec![LinkMeter::new(self.cfg.rate_bps); n], self.now, every));
+    }
+
+    fn sample_link_loads(&mut self) {
+        let Some((mut meters, next, every)) = self.meters.take() else {
+            return;
+        };
+        if self.now >= next {
+            let now = self.now;
+            let frame_ns = self.frame_ns.max(1);
+            for (gid, meter) in meters.iter_mut().enumerate() {
+                let (i, d) = (gid / 6, Dir::ALL[gid % 6]);
+                let (p, li) = self.at(i);
+                let l = &self.parts[p].links[li * 6 + gid % 6];
+                let (tx, far) = (l.tx_bytes, l.far as usize);
+                let queue = l.busy_until.0.saturating_sub(now.0) / frame_ns;
+                let (q, lf) = self.at(far);
+                let rx = self.parts[q].links[lf * 6 + usize::from(d.opposite().index())].tx_bytes;
+                meter.sample(now, tx, rx, queue);
+                let load = meter.load();
+                self.parts[p].nodes[li].set_link_load(d, load);
+            }
+            self.meters = Some((meters, now + every, every));
+        } else {
+            self.meters = Some((meters, next, every));
+        }
     }
 
     /// The torus.
@@ -336,7 +391,10 @@ impl Sim {
             return;
         }
         if up {
-            if let Ok(n) = Node::new(c, self.view.clone(), self.cfg.transport) {
+            if let Ok(mut n) = Node::new(c, self.view.clone(), self.cfg.transport) {
+                if let Some(b) = self.source_routing {
+                    n.enable_source_routing(b);
+                }
                 *self.node_mut(i) = n;
             }
             self.up[i] = true;
@@ -344,6 +402,21 @@ impl Sim {
             self.crash(c);
         }
         let _ = self.view.set_server(c, up);
+        self.publish_view(i);
+    }
+
+    /// Fails or restores the link leaving `c` along `dir` in everyone's view (as the
+    /// control plane would after detecting it): frames on it are lost from then on.
+    pub fn set_link(&mut self, c: Coord, dir: Dir, up: bool) {
+        if self.view.set_link(c, dir, up).is_ok() {
+            self.publish_view(self.cfg.dims.index(c));
+        }
+    }
+
+    /// The view changed around server `i`: its links' cached liveness follows, and every
+    /// live engine adopts the view.
+    fn publish_view(&mut self, i: usize) {
+        let c = self.cfg.dims.coord(i);
         for d in Dir::ALL {
             let live = self.view.live_dirs(c).contains(d);
             let (p, li) = self.at(i);
@@ -389,6 +462,7 @@ impl Sim {
         for p in &mut self.parts {
             p.now = self.now;
         }
+        self.sample_link_loads();
     }
 
     /// Runs until `until` with `svc[i]` hosted on server `i`, as torusd hosts its services:

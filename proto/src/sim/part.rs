@@ -260,6 +260,7 @@ impl Part {
         let start = l.busy_until.max(self.now);
         let tx = ((frame.len() as u64 + 24) * 8 * 1_000_000_000) / ctx.cfg.rate_bps.max(1);
         l.busy_until = Time(start.0 + tx);
+        l.tx_bytes += frame.len() as u64 + 24;
         let arrive = Time(start.0 + tx) + ctx.cfg.delay;
         self.stats.frames_sent += 1;
         let control = is_control(&frame.head);
