@@ -204,8 +204,15 @@ pub fn render_status(v: &Value) -> String {
     );
     let r = &e["routing"];
     out += &format!(
-        "source routing: {}; {} flows, {} frames sent on routes, {} probes ({} answered), {} path switches ({} failovers); here: {} forwarded by route, {} probes answered, {} bad routes, {} path failures ({} reported)\n",
+        "source routing: {}{}; {} flows, {} frames sent on routes, {} probes ({} answered), {} path switches ({} failovers); here: {} forwarded by route, {} probes answered, {} bad routes, {} path failures ({} reported)\n",
         r["mode"].as_str().unwrap_or("off"),
+        match r["services"].as_array() {
+            Some(s) if !s.is_empty() && r["mode"] == "source" => format!(
+                " (services {})",
+                s.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")
+            ),
+            _ => String::new(),
+        },
         r["flows"].as_array().map_or(0, Vec::len),
         u(r, &["routed_sent"]),
         u(r, &["probes"]),

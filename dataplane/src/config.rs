@@ -145,11 +145,13 @@ struct RawRouting {
     probe_interval_ms: Option<u64>,
     probe_timeout_ms: Option<u64>,
     link_gbps: Option<f64>,
+    /// Source-route only what these services send (default: everything).
+    services: Option<Vec<u16>>,
 }
 
 /// How this server routes its own reliable traffic, and the figures link loads are
 /// measured against (`[routing]`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RoutingSettings {
     /// `None`: source routing off (frames use the whole MTU); `Some(on)`: available, frames
     /// keep room for a route, and `on` says whether this server's own reliable traffic
@@ -159,6 +161,8 @@ pub struct RoutingSettings {
     pub bsr: BsrConfig,
     /// Every link's capacity, bits per second (veth reports none).
     pub link_capacity_bps: u64,
+    /// The services whose traffic is source-routed (`None`: everything this server sends).
+    pub services: Option<Vec<u16>>,
 }
 
 fn routing_settings(raw: RawRouting) -> Result<RoutingSettings, ConfigError> {
@@ -196,10 +200,16 @@ fn routing_settings(raw: RawRouting) -> Result<RoutingSettings, ConfigError> {
             "routing.link_gbps: {gbps} is outside 0.001..=1000"
         )));
     }
+    if raw.services.as_ref().is_some_and(Vec::is_empty) {
+        return Err(bad(
+            "routing.services: empty (leave it out to source-route every service)".into(),
+        ));
+    }
     Ok(RoutingSettings {
         source,
         bsr,
         link_capacity_bps: (gbps * 1e9) as u64,
+        services: raw.services,
     })
 }
 

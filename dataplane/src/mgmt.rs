@@ -478,19 +478,33 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             Ok(json!({"ok": true}))
         }
         "routing" => {
-            // {"cmd":"routing","mode":"source"|"next-hop"}: how this server's own reliable
-            // traffic is routed from now on (source routing must be configured).
+            // {"cmd":"routing","mode":"source"|"next-hop","services":[N,...]}: how this
+            // server's own traffic (or these services') is routed from now on (source
+            // routing must be configured).
             let on = match req.get("mode").and_then(Value::as_str) {
                 Some("source") => true,
                 Some("next-hop") => false,
                 _ => return Err("mode: \"source\" or \"next-hop\"".into()),
+            };
+            let services = match req.get("services") {
+                None | Some(Value::Null) => None,
+                Some(Value::Array(a)) if !a.is_empty() => Some(
+                    a.iter()
+                        .map(|v| v.as_u64().and_then(|n| u16::try_from(n).ok()))
+                        .collect::<Option<Vec<u16>>>()
+                        .ok_or("services: service ids 0..65535")?,
+                ),
+                Some(_) => return Err("services: a non-empty list of service ids".into()),
             };
             let rx = with_dp(d, |dp| {
                 let (tx, rx) = mpsc::channel();
                 let shards = dp.shared().shards.len();
                 for shard in 0..shards {
                     dp.shared()
-                        .push_to(shard, Command::SetRouting(on, Some(tx.clone())))
+                        .push_to(
+                            shard,
+                            Command::SetRouting(on, services.clone(), Some(tx.clone())),
+                        )
                         .map_err(|_| "the poller's command queue is full".to_string())?;
                 }
                 Ok((rx, shards))

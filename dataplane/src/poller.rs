@@ -258,7 +258,7 @@ impl Poller {
         }
         if self.transit.push(hops, descs, from) {
             add(&self.counters(from).forward_waited, 1);
-        } else {
+        } else if !(queued_before && self.forward(from, hops, descs)) {
             add(&self.counters(from).drop_no_room, 1);
             self.release_parts(descs);
         }
@@ -270,7 +270,16 @@ impl Poller {
             return 0;
         }
         let mut t = std::mem::replace(&mut self.transit, Transit::new(0));
-        let n = t.drain(|hops, descs, from| self.forward(from, hops, descs));
+        let dead = self.carrier_down;
+        let n = t.drain(|hops, descs, from| {
+            // Every link it could take lost its carrier: it would wait for ever.
+            if hops.bits() & !dead.bits() == 0 {
+                add(&self.counters(from).drop_no_room, 1);
+                self.release_parts(descs);
+                return true;
+            }
+            self.forward(from, hops, descs)
+        });
         self.transit = t;
         n
     }
@@ -577,8 +586,11 @@ impl Poller {
                     };
                     n += 1;
                 }
-                Command::SetRouting(on, reply) => {
+                Command::SetRouting(on, services, reply) => {
                     let ok = self.node.set_source_routing(on);
+                    if ok {
+                        self.node.set_source_services(services);
+                    }
                     if let Some(r) = reply {
                         let _ = r.send(ok);
                     }
@@ -1239,6 +1251,7 @@ impl Poller {
             .unwrap_or_default();
         RoutingStatus {
             mode,
+            services: src.services().map(<[u16]>::to_vec).unwrap_or_default(),
             routed_sent: s.routed_sent,
             forwarded: s.forwarded,
             bad_route: s.bad_route,

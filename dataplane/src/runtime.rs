@@ -69,9 +69,13 @@ pub enum Command {
     Broadcast(Event),
     /// The kernel says link `Dir` lost (false) or regained (true) its carrier.
     LinkCarrier(Dir, bool),
-    /// Source routing of this server's own traffic on or off; the answer says whether it
-    /// could be done (source routing configured).
-    SetRouting(bool, Option<std::sync::mpsc::Sender<bool>>),
+    /// Source routing of this server's own traffic on or off, for these services (`None`:
+    /// all); the answer says whether it could be done (source routing configured).
+    SetRouting(
+        bool,
+        Option<Vec<u16>>,
+        Option<std::sync::mpsc::Sender<bool>>,
+    ),
 }
 
 impl std::fmt::Debug for Command {
@@ -90,7 +94,7 @@ impl std::fmt::Debug for Command {
             Command::Deliver(s, _) => write!(f, "Deliver({s})"),
             Command::Broadcast(_) => f.write_str("Broadcast"),
             Command::LinkCarrier(d, up) => write!(f, "LinkCarrier({d}, {up})"),
-            Command::SetRouting(on, _) => write!(f, "SetRouting({on})"),
+            Command::SetRouting(on, svc, _) => write!(f, "SetRouting({on}, {svc:?})"),
         }
     }
 }
@@ -263,8 +267,10 @@ pub struct EngineSnapshot {
 /// Source routing at one server, for `torusctl status`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RoutingStatus {
-    /// "off", "next-hop" or "source": how this server's own reliable traffic is routed.
+    /// "off", "next-hop" or "source": how this server's own traffic is routed.
     pub mode: &'static str,
+    /// The services source-routed in "source" mode (empty: all).
+    pub services: Vec<u16>,
     /// Frames sent with a route of this server's choosing.
     pub routed_sent: u64,
     /// Source-routed frames passed on here by their route.
@@ -945,6 +951,7 @@ impl Dataplane {
             if let Some(on) = cfg.routing.source {
                 node.enable_source_routing(cfg.routing.bsr);
                 node.set_source_routing(on);
+                node.set_source_services(cfg.routing.services.clone());
             }
             // A few dozen chunks queued: the service keeps the rest until there is room.
             node.configure_service(torusnet_services::multicast::MCAST, 1, 4 << 20);

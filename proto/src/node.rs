@@ -83,6 +83,31 @@ impl DropReason {
     }
 }
 
+/// The links the transport may use: a source-routed flow's first hop, else the next hops.
+struct NodePaths<'a> {
+    routes: &'a RouteTable,
+    source: &'a SourceRouter,
+}
+
+impl NodePaths<'_> {
+    fn links(&self, peer: Coord, service: Option<u16>) -> LinkSet {
+        match self.source.route_for(peer, service) {
+            Some(r) => LinkSet(DirSet::EMPTY.with(r.first()).bits()),
+            None => LinkSet(self.routes.next_hops(peer).bits()),
+        }
+    }
+}
+
+impl transport::Paths for NodePaths<'_> {
+    fn links_to(&self, peer: Coord) -> LinkSet {
+        self.links(peer, None)
+    }
+
+    fn links_for(&self, peer: Coord, service: u16) -> LinkSet {
+        self.links(peer, Some(service))
+    }
+}
+
 /// Why a frame that failed the wire checks is dropped: its source route, or the rest.
 fn refusal(e: wire::WireError) -> DropReason {
     match e {
@@ -317,6 +342,11 @@ impl Node {
         self.source.set_active(on)
     }
 
+    /// Source-routes only what these services send (`None`: everything this server sends).
+    pub fn set_source_services(&mut self, services: Option<Vec<u16>>) {
+        self.source.set_services(services);
+    }
+
     /// Source routing at this server (forwarding, probes, path selection), for reports.
     pub fn source_routing(&self) -> &SourceRouter {
         &self.source
@@ -477,7 +507,8 @@ impl Node {
             return Err(SendError::Unreachable);
         }
         self.last_now = self.last_now.max(now);
-        self.source.touch(now, &self.view, dest);
+        self.source
+            .touch(now, &self.view, dest, from.unwrap_or(service));
         self.transport.send(
             now,
             Outgoing {
@@ -687,16 +718,14 @@ impl Node {
         if let Some(t) = self.poll_key(room, buf) {
             return Some(t);
         }
-        let routes = &self.routes;
-        let source = &self.source;
-        let paths = |peer: Coord| match source.route_to(peer) {
-            Some(r) => LinkSet(DirSet::EMPTY.with(r.first()).bits()),
-            None => LinkSet(routes.next_hops(peer).bits()),
+        let paths = NodePaths {
+            routes: &self.routes,
+            source: &self.source,
         };
         let t = self.transport.poll_transmit(now, room_links, &paths, buf)?;
         let dir = Dir::from_index(t.link)?;
         let len = if self.source.is_enabled() {
-            self.source.stamp(buf, t.len, dir)
+            self.source.stamp(buf, t.len, dir, t.service)
         } else {
             t.len
         };

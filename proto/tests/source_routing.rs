@@ -24,6 +24,8 @@ struct Mesh {
     wire: VecDeque<(usize, Dir, Vec<u8>)>,
     now: Time,
     drops: Vec<DropReason>,
+    /// Data frames sent by their source, per service: (with a route, without).
+    sent_by_service: std::collections::HashMap<u16, (usize, usize)>,
 }
 
 impl Mesh {
@@ -47,6 +49,7 @@ impl Mesh {
             wire: VecDeque::new(),
             now: Time::ZERO,
             drops: Vec::new(),
+            sent_by_service: std::collections::HashMap::new(),
         }
     }
 
@@ -83,6 +86,15 @@ impl Mesh {
                 self.nodes[i].poll_transmit(self.now, DirSet::ALL, &mut buf)
             {
                 assert!(len <= 1514, "a frame of {len} bytes exceeds the MTU");
+                if buf[offset::KIND] == Kind::Data as u8 {
+                    let svc = u16::from_be_bytes([buf[offset::SERVICE], buf[offset::SERVICE + 1]]);
+                    let e = self.sent_by_service.entry(svc).or_default();
+                    if buf[offset::ROUTE_LEN] > 0 {
+                        e.0 += 1;
+                    } else {
+                        e.1 += 1;
+                    }
+                }
                 self.send_frame(i, dir, buf[..len].to_vec());
                 moved = true;
             }
@@ -399,4 +411,36 @@ fn a_flood_of_probes_is_answered_within_a_bound() {
         node.handle_rx(Time::ZERO, Dir::MinusX, &mut g),
         RxAction::Consumed
     );
+}
+
+#[test]
+fn only_the_services_chosen_are_source_routed() {
+    let dims = Dims::new(4, 4, 1).unwrap();
+    let mut mesh = Mesh::new(dims);
+    let (src, dst) = (Coord::new(0, 0, 0), Coord::new(2, 1, 0));
+    let (s, d) = (mesh.idx(src), mesh.idx(dst));
+    mesh.nodes[s].set_source_services(Some(vec![9]));
+    for i in 0..200u32 {
+        for svc in [9u16, 7] {
+            let mut data = vec![1u8; 1200];
+            data[..4].copy_from_slice(&i.to_be_bytes());
+            mesh.nodes[s]
+                .send(Time::ZERO, Target::Server(dst), svc, &data, reliable())
+                .unwrap();
+        }
+    }
+    let mut events = vec![Vec::new(); mesh.nodes.len()];
+    mesh.run_until(&mut events, |ev| received(&ev[d]).len() == 400);
+    let (routed9, plain9) = mesh.sent_by_service[&9];
+    let (routed7, plain7) = mesh.sent_by_service[&7];
+    assert!(
+        routed9 >= 200 && plain9 == 0,
+        "service 9: {routed9} routed, {plain9} not"
+    );
+    assert!(
+        routed7 == 0 && plain7 >= 200,
+        "service 7: {routed7} routed, {plain7} not"
+    );
+    // Service 9's frames kept to one path: its source had one route for the peer.
+    assert!(mesh.nodes[s].source_routing().route_to(dst).is_some());
 }

@@ -189,6 +189,38 @@ fn source_routes_refuse_bad_routes_avoid_loaded_links_and_survive_a_cut() {
         "the probed path {path:?} avoids the loaded link"
     );
 
+    // Per service: with only service 4000 source-routed, the bench service's transfer goes
+    // by next hops (no frame of it carries a route); with the bench service (2) listed, it
+    // is source-routed again.
+    let routed = |c: Coord| u(&routing(&t, c), "routed_sent");
+    let r = t.ask_within(
+        a,
+        &json!({"cmd": "routing", "mode": "source", "services": [4000]}),
+        Duration::from_secs(10),
+    );
+    assert!(r.is_ok(), "{r:?}");
+    let before = routed(a);
+    bench(&t, a, b, 50_000_000);
+    let other = routed(a) - before;
+    let r = t.ask_within(
+        a,
+        &json!({"cmd": "routing", "mode": "source", "services": [2]}),
+        Duration::from_secs(10),
+    );
+    assert!(r.is_ok(), "{r:?}");
+    let before = routed(a);
+    bench(&t, a, b, 50_000_000);
+    let listed = routed(a) - before;
+    eprintln!("per service: {other} frames routed with only service 4000 listed, {listed} with the bench service listed");
+    assert_eq!(other, 0, "the bench service was not to be source-routed");
+    assert!(listed > 1000, "{listed}");
+    let bad = t.ask_within(
+        a,
+        &json!({"cmd": "routing", "mode": "source", "services": []}),
+        Duration::from_secs(10),
+    );
+    assert!(bad.is_err(), "an empty list is refused: {bad:?}");
+
     // 3. A checked transfer survives a cut of a link on its path; its source switches paths
     //    long before the link-state view changes.
     let (s, d) = (Coord::new(0, 0, 0), Coord::new(2, 1, 0));

@@ -275,6 +275,9 @@ enum Cmd {
         /// `source` or `next-hop`.
         #[arg(long, value_parser = ["source", "next-hop"])]
         mode: String,
+        /// Source-route only what these services send, comma-separated ids (default: all).
+        #[arg(long, value_delimiter = ',')]
+        services: Vec<u16>,
     },
 }
 
@@ -563,8 +566,13 @@ fn run(cmd: Cmd) -> Result<String, String> {
             };
         }
         Cmd::Kv { socket, op } => return kv(&socket, op),
-        Cmd::Routing { socket, mode } => {
-            let req = serde_json::json!({"cmd": "routing", "mode": mode});
+        Cmd::Routing {
+            socket,
+            mode,
+            services,
+        } => {
+            let services = (!services.is_empty()).then_some(services);
+            let req = serde_json::json!({"cmd": "routing", "mode": mode, "services": services});
             return dpclient::request(&socket, &req, Duration::from_secs(10))
                 .map(|v| v.to_string());
         }

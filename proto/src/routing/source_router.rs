@@ -81,6 +81,9 @@ pub struct SourceRouter {
     /// Whether this server's own flows take source routes now (path selection may be
     /// set up yet inactive: the frames keep room for a route either way).
     active: bool,
+    /// The sending services whose traffic is source-routed (`None`: all of it, and the
+    /// connections' own frames too).
+    services: Option<Vec<u16>>,
     loads: [LinkLoad; 6],
     /// Links the driver saw go down that the view may not show yet.
     down: DirSet,
@@ -96,6 +99,7 @@ impl SourceRouter {
             local,
             bsr: None,
             active: false,
+            services: None,
             loads: [LinkLoad::default(); 6],
             down: DirSet::EMPTY,
             out: VecDeque::new(),
@@ -123,6 +127,35 @@ impl SourceRouter {
     /// Whether this server source-routes its own flows.
     pub fn is_enabled(&self) -> bool {
         self.bsr.is_some() && self.active
+    }
+
+    /// Source-routes only the traffic these services send (`None`: everything this server
+    /// sends, ACKs included). The others keep link-state next hops.
+    pub fn set_services(&mut self, services: Option<Vec<u16>>) {
+        self.services = services;
+    }
+
+    /// The services source-routed (`None`: all).
+    pub fn services(&self) -> Option<&[u16]> {
+        self.services.as_deref()
+    }
+
+    /// Whether frames of `service` (`None`: the connection's own frames) are
+    /// source-routed.
+    fn routes_service(&self, service: Option<u16>) -> bool {
+        match (&self.services, service) {
+            (None, _) => true,
+            (Some(set), Some(s)) => set.contains(&s),
+            (Some(_), None) => false,
+        }
+    }
+
+    /// The route frames of `service` to `dst` take now (`None`: next hops).
+    pub fn route_for(&self, dst: Coord, service: Option<u16>) -> Option<Route> {
+        if !self.routes_service(service) {
+            return None;
+        }
+        self.route_to(dst)
     }
 
     /// Counters.
@@ -182,9 +215,10 @@ impl SourceRouter {
         }
     }
 
-    /// The flow to `dst` is about to send: its route now (starting the flow if new).
-    pub fn touch(&mut self, now: Time, view: &LinkView, dst: Coord) {
-        if self.bsr.is_none() || !self.active {
+    /// `service` is about to send to `dst`: the flow's route now (starting the flow if
+    /// new), when that service's traffic is source-routed.
+    pub fn touch(&mut self, now: Time, view: &LinkView, dst: Coord, service: u16) {
+        if self.bsr.is_none() || !self.active || !self.routes_service(Some(service)) {
             return;
         }
         let mut free = [0u32; 6];
@@ -204,16 +238,16 @@ impl SourceRouter {
         self.bsr.as_ref()?.current(dst).map(|(_, r)| r)
     }
 
-    /// Writes the route of the frame `buf[..len]` when it goes to a source-routed peer on
-    /// that route's first hop: the new length.
-    pub fn stamp(&mut self, buf: &mut [u8], len: usize, link: Dir) -> usize {
+    /// Writes the route of the frame `buf[..len]` of `service` (`None`: the connection's
+    /// own) when it goes to a source-routed peer on that route's first hop: the new length.
+    pub fn stamp(&mut self, buf: &mut [u8], len: usize, link: Dir, service: Option<u16>) -> usize {
         let Some(Dest::Server(dst)) = wire::FrameView::new_checked(&buf[..len])
             .ok()
             .map(|v| v.dst())
         else {
             return len;
         };
-        match self.route_to(dst) {
+        match self.route_for(dst, service) {
             Some(r) if r.first() == link => match source::insert(buf, len, &r) {
                 Some(n) => {
                     self.stats.routed_sent += 1;

@@ -108,8 +108,16 @@ impl LinkSet {
 /// Which links lead towards a peer: the routing next-hop set in a torus, or every direct
 /// link between two servers.
 pub trait Paths {
-    /// The usable links towards `peer` (empty when unreachable).
+    /// The usable links towards `peer` (empty when unreachable), for the connection's own
+    /// frames (ACKs, NACKs, SYNCs, retransmissions).
     fn links_to(&self, peer: Coord) -> LinkSet;
+
+    /// The usable links for data frames of `service` towards `peer` (a service may be
+    /// routed differently from the rest: source routing per service).
+    fn links_for(&self, peer: Coord, service: u16) -> LinkSet {
+        let _ = service;
+        self.links_to(peer)
+    }
 }
 
 impl<F: Fn(Coord) -> LinkSet> Paths for F {
@@ -341,6 +349,9 @@ pub struct Transmit {
     pub kind: TxKind,
     /// Messages it carries.
     pub messages: u32,
+    /// For a data frame, the service that sent its messages (whose routing mode applies);
+    /// `None` for the connection's own frames (ACK, NACK, SYNC, retransmissions).
+    pub service: Option<u16>,
 }
 
 /// Kinds of frame the transport sends.
@@ -1004,6 +1015,7 @@ impl Transport {
                 len: HEADERS_LEN + SYNC_PAYLOAD,
                 kind: TxKind::Sync,
                 messages: 0,
+                service: None,
             });
         }
         None
@@ -1269,6 +1281,7 @@ impl Transport {
                     len: HEADERS_LEN + SYNC_PAYLOAD,
                     kind: TxKind::Sync,
                     messages: 0,
+                    service: None,
                 }
             } else if let Some(bytes) = c.send.next_retransmit(now) {
                 let len = ETH_LEN + bytes.len();
@@ -1287,6 +1300,7 @@ impl Transport {
                     len,
                     kind: TxKind::Retransmit,
                     messages: 0,
+                    service: None,
                 }
             } else {
                 let kind = if nack { Kind::Nack } else { Kind::Ack };
@@ -1309,6 +1323,7 @@ impl Transport {
                     len: HEADERS_LEN,
                     kind: if nack { TxKind::Nack } else { TxKind::Ack },
                     messages: 0,
+                    service: None,
                 }
             };
             let still = c.send.has_retransmit()
@@ -1339,7 +1354,8 @@ impl Transport {
             let Some(head) = self.queues.queue(qi).head().copied() else {
                 continue;
             };
-            let usable = paths.links_to(head.dest).and(room);
+            let from = self.queues.queue(qi).service;
+            let usable = paths.links_for(head.dest, from).and(room);
             if usable.is_empty() {
                 continue;
             }
@@ -1430,6 +1446,7 @@ fn build_data_frame(
             len: 0,
             kind: TxKind::Short,
             messages: 0,
+            service: None,
         };
     };
     let dest = head.dest;
@@ -1566,6 +1583,7 @@ fn build_data_frame(
             len,
             kind: TxKind::Data,
             messages,
+            service: Some(from),
         }
     } else {
         let _ = h.emit(buf);
@@ -1576,6 +1594,7 @@ fn build_data_frame(
             len,
             kind: TxKind::Short,
             messages,
+            service: Some(from),
         }
     }
 }
