@@ -175,6 +175,40 @@ struct Point {
     ack_frames: u64,
 }
 
+/// One tick of paced traffic: sends `batch` (each part of the torus its own sources'),
+/// runs the simulator to `until`, and adds what each server received after `warm` to
+/// `per_server`. Returns the packets refused as unreachable and those a full source queue
+/// could not take (lost at the source).
+pub(crate) fn paced_step(
+    sim: &mut Sim,
+    batch: &mut Vec<(usize, Target)>,
+    msg: &[u8],
+    opts: MsgOptions,
+    until: Time,
+    warm: Duration,
+    per_server: &mut [u64],
+) -> Result<(u64, u64), String> {
+    let (mut unreachable, mut refused) = (0, 0);
+    for r in sim.send_many(batch, 9, msg, opts) {
+        match r {
+            Ok(()) => {}
+            Err(SendError::Unreachable) => unreachable += 1,
+            Err(SendError::WouldBlock) => refused += 1,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    batch.clear();
+    let measuring = |at: Time| at >= Time::ZERO + warm;
+    sim.run_until(until, |at, server, e| {
+        if let Event::Message { data, .. } = e {
+            if measuring(at) {
+                per_server[server] += data.len() as u64;
+            }
+        }
+    });
+    Ok((unreachable, refused))
+}
+
 /// How all-to-all traffic is generated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -277,7 +311,7 @@ fn alltoall(k: u16, fail_pct: f64, tr: &Traffic) -> Result<Point, String> {
         Load::Paced => Duration::from_micros(10),
         Load::Reliable => Duration::from_micros(100),
     };
-    let (mut delivered_bytes, mut offered, mut refused, mut unreachable) = (0u64, 0, 0, 0u64);
+    let (mut offered, mut refused, mut unreachable) = (0u64, 0u64, 0u64);
     let mut per_server = vec![0u64; n];
     let mut t = Time::ZERO;
     let mut batch: Vec<(usize, Target)> = Vec::new();
@@ -322,27 +356,12 @@ fn alltoall(k: u16, fail_pct: f64, tr: &Traffic) -> Result<Point, String> {
                 }
             }
         }
-        for r in sim.send_many(&batch, 9, &msg, opts) {
-            match r {
-                Ok(()) => {}
-                Err(SendError::Unreachable) => unreachable += 1,
-                // A paced packet the server cannot even queue is lost at the source.
-                Err(SendError::WouldBlock) => refused += 1,
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-        batch.clear();
         t = t + tick;
-        let measuring = |at: Time| at >= Time::ZERO + warm;
-        sim.run_until(t, |at, server, e| {
-            if let Event::Message { data, .. } = e {
-                if measuring(at) {
-                    delivered_bytes += data.len() as u64;
-                    per_server[server] += data.len() as u64;
-                }
-            }
-        });
+        let (u, r) = paced_step(&mut sim, &mut batch, &msg, opts, t, warm, &mut per_server)?;
+        unreachable += u;
+        refused += r;
     }
+    let delivered_bytes: u64 = per_server.iter().sum();
     let secs = (total - warm).as_secs_f64();
     let per = delivered_bytes as f64 * 8.0 / secs / live.len() as f64 / 1e9;
     let mut each: Vec<u64> = live.iter().map(|&i| per_server[i]).collect();

@@ -9,13 +9,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::json;
-use torusnet_proto::node::{Event, MsgOptions, Target};
+use torusnet_proto::node::{MsgOptions, Target};
 use torusnet_proto::rng::SplitMix64;
 use torusnet_proto::routing::bsr::BsrConfig;
 use torusnet_proto::sim::{all_to_all_bound, all_to_all_bound_view, Sim};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Dir;
-use torusnet_proto::transport::SendError;
 
 /// How a run routes its traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -184,7 +183,7 @@ pub fn run_point(
     let total = Duration::from_secs_f64(ms / 1000.0);
     let warm = total / 5;
     let tick = Duration::from_micros(10);
-    let (mut delivered, mut refused) = (0u64, 0u64);
+    let mut refused = 0u64;
     let mut received = vec![0u64; n];
     let mut t = Time::ZERO;
     let mut batch: Vec<(usize, Target)> = Vec::new();
@@ -213,25 +212,12 @@ pub fn run_point(
                 batch.push((i, to));
             }
         }
-        for r in sim.send_many(&batch, 9, &msg, opts) {
-            match r {
-                Ok(()) => {}
-                Err(SendError::Unreachable | SendError::WouldBlock) => refused += 1,
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-        batch.clear();
         t = t + tick;
-        let measuring = |at: Time| at >= Time::ZERO + warm;
-        sim.run_until(t, |at, server, e| {
-            if let Event::Message { data, .. } = e {
-                if measuring(at) {
-                    delivered += data.len() as u64;
-                    received[server] += data.len() as u64;
-                }
-            }
-        });
+        let (u, r) =
+            crate::sim::paced_step(&mut sim, &mut batch, &msg, opts, t, warm, &mut received)?;
+        refused += u + r;
     }
+    let delivered: u64 = received.iter().sum();
     let secs = (total - warm).as_secs_f64();
     let aggregate = delivered as f64 * 8.0 / secs / 1e9;
     let least = live.iter().map(|&i| received[i]).min().unwrap_or(0);
