@@ -315,8 +315,8 @@ def source_routing():
 
     def run():
         try:
-            result["r"] = ask(a, {"cmd": "bench", "to": s(b), "bytes": 600_000_000, "size": 65536,
-                                  "timeout_ms": 60_000})
+            result["r"] = ask(a, {"cmd": "bench", "to": s(b), "bytes": 400_000_000, "size": 65536,
+                                  "timeout_ms": 120_000})
         except RuntimeError as e:
             result["error"] = str(e)
 
@@ -337,10 +337,12 @@ def source_routing():
     t0 = time.time()
     subprocess.run(["ip", "-n", f"{PREFIX}-{mid[0]}-{mid[1]}-{mid[2]}", "link", "set", IFNAME[path[1]], "down"], check=True)
     switched = viewed = None
+    now = "?"
     while (switched is None or viewed is None) and time.time() - t0 < 5:
         st = ask(a, {"cmd": "status"})["engine"]
         if switched is None and st["routing"]["failovers"] > failovers:
             switched = st["routing"]["last_failover_unix_ms"] - t0 * 1000
+            now = next((f["path"] for f in st["routing"]["flows"] if f["dst"] == s(b)), "?")
         if viewed is None and st["view_changed_unix_ms"] > t0 * 1000:
             viewed = st["view_changed_unix_ms"] - t0 * 1000
         time.sleep(0.02)
@@ -351,7 +353,6 @@ def source_routing():
         raise SystemExit("source routing: the transfer across the cut did not complete")
     r = result["r"]
     rx = r["receiver"]
-    now = next((f["path"] for f in ask(a, {"cmd": "status"})["engine"]["routing"]["flows"] if f["dst"] == s(b)), "?")
     fmt = lambda v: f"{v:.0f} ms" if v is not None else "not seen"
     print(f"   path {' '.join(path)}; link {s(mid)}:{path[1]} cut: the source switched to {now} {fmt(switched)} after the cut "
           f"(the server next to the cut told it), its link-state view changed {fmt(viewed)} after")

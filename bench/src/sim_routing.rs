@@ -53,6 +53,8 @@ pub struct Point {
     failed_pct: f64,
     servers: u64,
     live_servers: usize,
+    /// Live servers that failed links cut off from the rest (they take no part).
+    cut_off: usize,
     failed_links: usize,
     /// What the sources offered, Gb/s per live server.
     offered_gbps: f64,
@@ -144,7 +146,22 @@ pub fn run_point(
             failed_links += 1;
         }
     }
-    let live: Vec<usize> = (0..n).filter(|i| !down[*i]).collect();
+    // Failed links may cut servers off: traffic runs among the largest set of live servers
+    // that reach each other (the others are reported as cut off).
+    let alive: Vec<usize> = (0..n).filter(|i| !down[*i]).collect();
+    let mut live: Vec<usize> = Vec::new();
+    for &r in alive.iter().take(8) {
+        let routes = sim.node(r).routes();
+        let reach: Vec<usize> = alive
+            .iter()
+            .copied()
+            .filter(|&i| i == r || routes.is_reachable(dims.coord(i)))
+            .collect();
+        if reach.len() > live.len() {
+            live = reach;
+        }
+    }
+    let cut_off = alive.len() - live.len();
     if live.len() < 2 {
         return Err(format!("{fail_pct}% failed leaves fewer than two servers"));
     }
@@ -236,6 +253,7 @@ pub fn run_point(
         failed_pct: fail_pct,
         servers: n as u64,
         live_servers: live.len(),
+        cut_off,
         failed_links,
         offered_gbps: offered,
         per_server_gbps: aggregate / live.len() as f64,

@@ -192,7 +192,11 @@ fn source_routes_refuse_bad_routes_avoid_loaded_links_and_survive_a_cut() {
     // Per service: with only service 4000 source-routed, the bench service's transfer goes
     // by next hops (no frame of it carries a route); with the bench service (2) listed, it
     // is source-routed again.
-    let routed = |c: Coord| u(&routing(&t, c), "routed_sent");
+    // Status snapshots are published every 100 ms: wait for the last transfer's to land.
+    let routed = |c: Coord| {
+        std::thread::sleep(Duration::from_millis(300));
+        u(&routing(&t, c), "routed_sent")
+    };
     let r = t.ask_within(
         a,
         &json!({"cmd": "routing", "mode": "source", "services": [4000]}),

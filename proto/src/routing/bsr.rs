@@ -473,15 +473,17 @@ impl Bsr {
     }
 }
 
-/// Of the shortest paths in `paths`, the one whose first link has the most room (`free`,
-/// Mb/s per direction); the first of them on a tie.
+/// The path in `paths` whose first link has the most room (`free`, Mb/s per direction),
+/// the shortest among those within a tenth of the roomiest (a longer path spends more of
+/// the torus), then the first.
 fn default_path(paths: &[Route], free: &[u32; 6]) -> usize {
-    let shortest = paths.iter().map(Route::len).min().unwrap_or(0);
+    let room = |r: &Route| u64::from(free[usize::from(r.first().index())]);
+    let best = paths.iter().map(room).max().unwrap_or(0);
     paths
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.len() == shortest)
-        .max_by_key(|(i, r)| (free[usize::from(r.first().index())], std::cmp::Reverse(*i)))
+        .filter(|(_, r)| room(r) * 10 >= best * 9)
+        .min_by_key(|(i, r)| (r.len(), *i))
         .map_or(0, |(i, _)| i)
 }
 
