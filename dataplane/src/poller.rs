@@ -420,7 +420,11 @@ impl Poller {
         // To the microsecond: a millisecond poll() timeout rounds sub-millisecond timers
         // (delayed ACKs, retransmission) down to zero, and the poller spins in system calls
         // until they fire, stealing the cores of every other server on the machine.
-        let timer = timer.min(Duration::from_millis(100));
+        let mut timer = timer.min(Duration::from_millis(100));
+        if !self.transit.is_empty() {
+            // Frames in transit wait for TX room, which no descriptor we poll announces.
+            timer = timer.min(Duration::from_micros(50));
+        }
         let ts = libc::timespec {
             tv_sec: timer.as_secs() as libc::time_t,
             tv_nsec: libc::c_long::from(timer.subsec_nanos() as i32),
