@@ -1249,6 +1249,14 @@ impl Poller {
                             .into_iter()
                             .find(|(p, _)| *p == r)
                             .and_then(|(_, a)| a),
+                        paths: b
+                            .paths(dst)
+                            .into_iter()
+                            .map(|(p, a)| {
+                                let names: Vec<&str> = p.dirs().map(|d| d.name()).collect();
+                                (names.join(" "), a)
+                            })
+                            .collect(),
                     })
                     .collect()
             })

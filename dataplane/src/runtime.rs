@@ -308,6 +308,9 @@ pub struct FlowRoute {
     pub path: String,
     /// The available bandwidth the last probe of that path found, Mb/s.
     pub avail_mbps: Option<u32>,
+    /// Every path of the flow's set and what its last probe found (Mb/s; none: failed or
+    /// not probed yet).
+    pub paths: Vec<(String, Option<u32>)>,
 }
 
 /// A peer's smoothed round-trip time.
