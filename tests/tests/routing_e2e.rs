@@ -199,7 +199,9 @@ fn source_routes_refuse_bad_routes_avoid_loaded_links_and_survive_a_cut() {
     let (sr, sr_comp, samples) = run("source");
     // The first probing round closes within a few tens of ms of the flow passing 256 KiB;
     // status snapshots lag by up to 100 ms: judge the samples after the first 300 ms.
-    let judged: Vec<&Vec<Dir>> = samples.iter().skip(6).collect();
+    // (A faster machine may finish sooner: then the last samples are judged.)
+    let skip = 6.min(samples.len().saturating_sub(4));
+    let judged: Vec<&Vec<Dir>> = samples.iter().skip(skip).collect();
     let off = judged.iter().filter(|p| !crosses(p)).count();
     eprintln!(
         "transfer (0,1,0)->(2,1,0) beside a competing transfer on (1,1,0)->(2,1,0): \
