@@ -119,6 +119,9 @@ pub struct Bsr {
     out: VecDeque<ProbeOut>,
     stats: BsrStats,
     next_round: u32,
+    /// The earliest timer of a probing flow: asked for on every turn of a poller and twice
+    /// per server serviced in the simulator, so kept rather than searched for.
+    due: Option<Time>,
 }
 
 impl Bsr {
@@ -131,6 +134,7 @@ impl Bsr {
             out: VecDeque::new(),
             stats: BsrStats::default(),
             next_round: 1,
+            due: None,
         }
     }
 
@@ -187,6 +191,7 @@ impl Bsr {
         );
         if probing {
             self.start_round(now, view, dst);
+            self.refresh_due();
         }
         Some(first)
     }
@@ -202,6 +207,7 @@ impl Bsr {
                 f.probing = true;
                 f.next_probe = Time::ZERO;
                 f.sent_at_round = (f.sent, f.chosen_at);
+                self.due = Some(Time::ZERO);
             }
         }
     }
@@ -257,6 +263,7 @@ impl Bsr {
             ProbeKind::Failure { dir, .. } => self.on_failure(now, view, p.flow_dst, reporter, dir),
             ProbeKind::Probe => {}
         }
+        self.refresh_due();
     }
 
     fn on_reply(&mut self, now: Time, view: &LinkView, p: &Probe) {
@@ -336,10 +343,11 @@ impl Bsr {
         for dst in dsts {
             self.fail_link(now, view, dst, at, dir);
         }
+        self.refresh_due();
     }
 
     /// The view changed: flows whose path it shows broken move to another at once, and
-    /// every flow probes a path set rebuilt for the new view.
+    /// every flow gets a path set rebuilt for the new view (probed, for flows that probe).
     pub fn on_view(&mut self, now: Time, view: &LinkView) {
         let local = self.local;
         let dsts: Vec<Coord> = self.flows.keys().copied().collect();
@@ -365,17 +373,28 @@ impl Bsr {
                 self.stats.failovers += 1;
                 self.stats.last_failover = Some(now);
             }
-            self.start_round(now, view, dst);
+            if f.probing {
+                self.start_round(now, view, dst);
+            } else {
+                let hold = self.cfg.dead_link_hold;
+                refresh_paths(f, view, local, dst, hold, now);
+            }
         }
+        self.refresh_due();
     }
 
     /// When [`Bsr::handle_timeout`] must run next.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.flows
+        self.due
+    }
+
+    fn refresh_due(&mut self) {
+        self.due = self
+            .flows
             .values()
             .filter(|f| f.probing)
             .map(|f| f.round_ends.unwrap_or(f.next_probe))
-            .min()
+            .min();
     }
 
     /// Closes rounds that waited long enough, starts the rounds that are due, and forgets
@@ -400,6 +419,7 @@ impl Bsr {
                 self.start_round(now, view, dst);
             }
         }
+        self.refresh_due();
     }
 
     fn start_round(&mut self, now: Time, view: &LinkView, dst: Coord) {
@@ -408,30 +428,11 @@ impl Bsr {
         let Some(f) = self.flows.get_mut(&dst) else {
             return;
         };
-        f.dead.retain(|(_, _, t)| now.since(*t) < hold);
-        let fresh = rebuilt(view, local, dst, &f.dead);
-        if fresh.is_empty() {
+        if !refresh_paths(f, view, local, dst, hold, now) {
             // Unreachable for now: keep what there is; the transport reports failures.
             f.round_ends = None;
             f.next_probe = now + self.cfg.probe_interval;
             return;
-        }
-        if fresh != f.paths {
-            let current = f.paths.get(f.current).copied();
-            let old: Vec<(Route, Option<u32>)> = f
-                .paths
-                .iter()
-                .copied()
-                .zip(f.avail.iter().copied())
-                .collect();
-            f.avail = fresh
-                .iter()
-                .map(|r| old.iter().find(|(o, _)| o == r).and_then(|(_, a)| *a))
-                .collect();
-            f.current = current
-                .and_then(|c| fresh.iter().position(|r| *r == c))
-                .unwrap_or(0);
-            f.paths = fresh;
         }
         let (sent, at) = f.sent_at_round;
         let ns = now.since(at).as_nanos().max(1);
@@ -485,6 +486,42 @@ fn default_path(paths: &[Route], free: &[u32; 6]) -> usize {
         .filter(|(_, r)| room(r) * 10 >= best * 9)
         .min_by_key(|(i, r)| (r.len(), *i))
         .map_or(0, |(i, _)| i)
+}
+
+/// Rebuilds a flow's path set for `view` and the links reported dead (forgotten after
+/// `hold`), keeping the current path and every path's last figure where they remain; false
+/// (and nothing changed) when no path is left.
+fn refresh_paths(
+    f: &mut Flow,
+    view: &LinkView,
+    local: Coord,
+    dst: Coord,
+    hold: Duration,
+    now: Time,
+) -> bool {
+    f.dead.retain(|(_, _, t)| now.since(*t) < hold);
+    let fresh = rebuilt(view, local, dst, &f.dead);
+    if fresh.is_empty() {
+        return false;
+    }
+    if fresh != f.paths {
+        let current = f.paths.get(f.current).copied();
+        let old: Vec<(Route, Option<u32>)> = f
+            .paths
+            .iter()
+            .copied()
+            .zip(f.avail.iter().copied())
+            .collect();
+        f.avail = fresh
+            .iter()
+            .map(|r| old.iter().find(|(o, _)| o == r).and_then(|(_, a)| *a))
+            .collect();
+        f.current = current
+            .and_then(|c| fresh.iter().position(|r| *r == c))
+            .unwrap_or(0);
+        f.paths = fresh;
+    }
+    true
 }
 
 /// The paths from `local` to `dst` under `view` without the links in `dead`.
