@@ -222,7 +222,32 @@ enum Load {
 }
 
 /// Payload of one all-to-all packet: one per jumbo frame.
-const PACKET: usize = 8192;
+pub(crate) const PACKET: usize = 8192;
+
+/// Fails `pct` of the servers, picked by `rng`, as the control plane would have detected
+/// (out of every view); which are down.
+pub(crate) fn fail_servers(sim: &mut Sim, rng: &mut SplitMix64, pct: f64) -> Vec<bool> {
+    let dims = sim.dims();
+    let n = dims.count() as usize;
+    let mut down = vec![false; n];
+    let nfail = ((n as f64) * pct / 100.0).round() as usize;
+    while down.iter().filter(|d| **d).count() < nfail {
+        let i = rng.below(n as u64) as usize;
+        if !down[i] {
+            down[i] = true;
+            sim.set_server(dims.coord(i), false);
+        }
+    }
+    down
+}
+
+/// When each of `n` paced sources first sends, at random within one `interval`, so that
+/// they do not all send in step.
+pub(crate) fn phases(rng: &mut SplitMix64, n: usize, interval: f64) -> Vec<f64> {
+    (0..n)
+        .map(|_| rng.below(1 << 20) as f64 / f64::from(1 << 20) * interval)
+        .collect()
+}
 
 /// All-to-all at torus size k with `fail_pct` of the servers down: per-server throughput.
 /// `to_failed`: sources keep addressing every other server, failed ones included (their
@@ -273,15 +298,7 @@ fn alltoall(k: u16, fail_pct: f64, tr: &Traffic) -> Result<Point, String> {
     let dims = sim.dims();
     let n = dims.count() as usize;
     let mut rng = SplitMix64::new(seed);
-    let mut down = vec![false; n];
-    let nfail = ((n as f64) * fail_pct / 100.0).round() as usize;
-    while down.iter().filter(|d| **d).count() < nfail {
-        let i = rng.below(n as u64) as usize;
-        if !down[i] {
-            down[i] = true;
-            sim.set_server(dims.coord(i), false);
-        }
-    }
+    let down = fail_servers(&mut sim, &mut rng, fail_pct);
     let live: Vec<usize> = (0..n).filter(|i| !down[*i]).collect();
     if live.len() < 2 {
         return Err(format!(
@@ -302,9 +319,7 @@ fn alltoall(k: u16, fail_pct: f64, tr: &Traffic) -> Result<Point, String> {
     // step, sent the whole torus's traffic along one displacement at a time: a few links
     // overloaded, the others idle.)
     let interval = PACKET as f64 * 8.0 / (bound * 1e9);
-    let mut next_at: Vec<f64> = (0..live.len())
-        .map(|_| rng.below(1 << 20) as f64 / f64::from(1 << 20) * interval)
-        .collect();
+    let mut next_at = phases(&mut rng, live.len(), interval);
     let total = Duration::from_secs_f64(ms / 1000.0);
     let warm = total / 5;
     let tick = match load {

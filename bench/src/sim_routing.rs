@@ -16,6 +16,8 @@ use torusnet_proto::sim::{all_to_all_bound, all_to_all_bound_view, Sim};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Dir;
 
+use crate::sim::PACKET;
+
 /// How a run routes its traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -78,9 +80,6 @@ pub struct Point {
     wall_s: f64,
 }
 
-/// Payload of one packet: one per jumbo frame.
-const PACKET: usize = 8192;
-
 /// A key each live server roots in `sim`'s view (found by drawing keys at random).
 fn keys_rooted(sim: &Sim, rng: &mut SplitMix64) -> Vec<Option<u64>> {
     let n = sim.dims().count() as usize;
@@ -122,15 +121,7 @@ pub fn run_point(
     let n = dims.count() as usize;
     // The same failures for every mode: the seed alone picks them.
     let mut rng = SplitMix64::new(seed);
-    let nfail = ((n as f64) * fail_pct / 100.0).round() as usize;
-    let mut down = vec![false; n];
-    while down.iter().filter(|d| **d).count() < nfail {
-        let i = rng.below(n as u64) as usize;
-        if !down[i] {
-            down[i] = true;
-            sim.set_server(dims.coord(i), false);
-        }
-    }
+    let down = crate::sim::fail_servers(&mut sim, &mut rng, fail_pct);
     let links = n * dims.link_dirs().len() as usize / 2;
     let lfail = ((links as f64) * fail_pct / 100.0).round() as usize;
     let mut failed_links = 0;
@@ -192,9 +183,7 @@ pub fn run_point(
         partner.swap(p, q);
     }
     let interval = PACKET as f64 * 8.0 / (offered * 1e9);
-    let mut next_at: Vec<f64> = (0..live.len())
-        .map(|_| traffic_rng.below(1 << 20) as f64 / f64::from(1 << 20) * interval)
-        .collect();
+    let mut next_at = crate::sim::phases(&mut traffic_rng, live.len(), interval);
     let msg = vec![0x5a_u8; PACKET];
     let opts = MsgOptions::default();
     let total = Duration::from_secs_f64(ms / 1000.0);
