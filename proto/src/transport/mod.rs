@@ -178,7 +178,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             window: 512,
-            ack_every: 32,
+            ack_every: 64,
             ack_delay: Duration::from_micros(200),
             nack_threshold: 3,
             nack_retry: Duration::from_millis(1),
