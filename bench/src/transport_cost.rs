@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
-use torusnet_proto::transport::{Config, Event, Fences, LinkSet, Outgoing, SendError, Transport};
+use torusnet_proto::transport::{
+    Config, EventRef, Fences, LinkSet, Outgoing, SendError, Transport,
+};
 
 /// Options of `torus-bench transport-cost`.
 #[derive(clap::Args)]
@@ -63,8 +65,9 @@ pub fn run(a: &Args) -> Result<(), String> {
             rx.handle_frame(now, &buf[..t.len])
                 .map_err(|e| e.to_string())?;
         }
-        while let Some(e) = rx.poll_event() {
-            if let Event::Message { data, .. } = e {
+        // Read by reference, as the dataplane's hosted services do: no allocation per message.
+        while let Some(e) = rx.poll_event_ref() {
+            if let EventRef::Message { data, .. } = e {
                 delivered += 1;
                 bytes += data.len() as u64;
             }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use torusnet_proto::node::{Event, Node, RxAction, Target};
+use torusnet_proto::node::{Event, EventRef, Node, RxAction, Target};
 use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Dir, DirSet};
@@ -178,6 +178,9 @@ pub struct Poller {
     no_service: u64,
     /// Reassembly of multi-buffer frames and building of jumbo frames.
     scratch: Vec<u8>,
+    /// The buffer a message for a hosted service is copied into (services read events by
+    /// reference, so it comes back and is reused: no allocation per message).
+    msg_buf: Vec<u8>,
     view_version: u64,
     last_snapshot: Instant,
     /// Services hosted in this poller (the built-in ones), and which owns each service id.
@@ -234,6 +237,7 @@ impl Poller {
             overflow_drops: 0,
             no_service: 0,
             scratch: vec![0u8; mtu + 14],
+            msg_buf: Vec::new(),
             view_version: 1,
             last_snapshot: Instant::now() - Duration::from_secs(1),
             services: Vec::new(),
@@ -548,7 +552,7 @@ impl Poller {
                                 tags: vec![opts.tag],
                                 reason,
                             };
-                            self.dispatch(from, ev);
+                            let _ = self.dispatch(from, ev);
                             n += 1;
                         }
                     }
@@ -574,7 +578,7 @@ impl Poller {
                     n += 1;
                 }
                 Command::Deliver(service, e) => {
-                    self.dispatch(service, e);
+                    let _ = self.dispatch(service, e);
                     n += 1;
                 }
                 Command::Broadcast(e) => {
@@ -1061,14 +1065,43 @@ impl Poller {
             };
             self.push_event(s, e);
         }
-        while let Some(e) = self.node.poll_event() {
+        loop {
+            let e = match self.node.poll_event_ref() {
+                None => break,
+                Some(EventRef::Message {
+                    src,
+                    service,
+                    data,
+                    reliable,
+                }) => {
+                    let hosted = owner_of(&self.service_of, &self.services, service).is_some();
+                    let data = if hosted {
+                        let mut b = std::mem::take(&mut self.msg_buf);
+                        b.clear();
+                        b.extend_from_slice(data);
+                        b
+                    } else {
+                        data.to_vec()
+                    };
+                    Event::Message {
+                        src,
+                        service,
+                        data,
+                        reliable,
+                        key: None,
+                    }
+                }
+                Some(EventRef::Other(e)) => e,
+            };
             n += 1;
             match &e {
                 Event::Message { service, .. }
                 | Event::Acked { service, .. }
                 | Event::Failed { service, .. } => {
                     let s = *service;
-                    self.dispatch(s, e);
+                    if let Some(Event::Message { data, .. }) = self.dispatch(s, e) {
+                        self.msg_buf = data;
+                    }
                 }
                 // Every poller's engine sees the view change; the first tells everyone.
                 Event::Unreachable(_) | Event::Reachable(_) if self.shard != 0 => {}
@@ -1090,22 +1123,18 @@ impl Poller {
         n
     }
 
-    /// An event for service `id`: to the hosted service that owns it, or to its inbox.
-    fn dispatch(&mut self, id: u16, e: Event) {
-        let owner = self
-            .service_of
-            .get(&id)
-            .copied()
-            .or_else(|| self.services.iter().position(|s| s.owns(id)));
-        if let Some(i) = owner {
+    /// An event for service `id`: to the hosted service that owns it (which reads it by
+    /// reference: the event comes back, for its buffer to be reused), or to its inbox.
+    fn dispatch(&mut self, id: u16, e: Event) -> Option<Event> {
+        if let Some(i) = owner_of(&self.service_of, &self.services, id) {
             let now = self.now();
             let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
             self.services[i].on_event(now, &e, &mut engine);
-            return;
+            return Some(e);
         }
         if self.inboxes.contains_key(&id) || self.shard == 0 {
             self.push_event(id, e);
-            return;
+            return None;
         }
         // Hosted applications live with the first poller: hand it the event.
         let c = Command::Deliver(id, e);
@@ -1114,6 +1143,7 @@ impl Poller {
         } else {
             self.shared.shards[0].wake();
         }
+        None
     }
 
     /// An event every service and application hears of.
@@ -1286,4 +1316,16 @@ fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The hosted service that owns service id `id`, if any.
+fn owner_of(
+    service_of: &HashMap<u16, usize>,
+    services: &[Box<dyn Service>],
+    id: u16,
+) -> Option<usize> {
+    service_of
+        .get(&id)
+        .copied()
+        .or_else(|| services.iter().position(|s| s.owns(id)))
 }

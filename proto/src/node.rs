@@ -226,6 +226,25 @@ impl From<transport::Event> for Event {
     }
 }
 
+/// An event borrowed from the engine ([`Node::poll_event_ref`]): a message the transport
+/// delivered is a slice of its inbox, valid until the next call on the engine.
+#[derive(Debug, PartialEq, Eq)]
+pub enum EventRef<'a> {
+    /// A message for a local service, its bytes borrowed.
+    Message {
+        /// Who sent it.
+        src: Coord,
+        /// The service it is for.
+        service: u16,
+        /// Its bytes.
+        data: &'a [u8],
+        /// Reliable, or short.
+        reliable: bool,
+    },
+    /// Any other event, messages the engine delivered itself included.
+    Other(Event),
+}
+
 /// Where a message goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -795,6 +814,29 @@ impl Node {
             return Some(e);
         }
         self.transport.poll_event().map(Event::from)
+    }
+
+    /// The next event, as [`Node::poll_event`], with the transport's messages borrowed
+    /// rather than copied into a buffer of their own: a consumer that copies what it keeps
+    /// receives without an allocation per message.
+    pub fn poll_event_ref(&mut self) -> Option<EventRef<'_>> {
+        if let Some(e) = self.events.pop_front() {
+            return Some(EventRef::Other(e));
+        }
+        Some(match self.transport.poll_event_ref()? {
+            transport::EventRef::Message {
+                src,
+                service,
+                data,
+                reliable,
+            } => EventRef::Message {
+                src,
+                service,
+                data,
+                reliable,
+            },
+            transport::EventRef::Other(e) => EventRef::Other(e.into()),
+        })
     }
 
     /// Tells every server reachable in the current view that this engine (re)started, so

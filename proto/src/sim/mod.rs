@@ -24,6 +24,9 @@ use crate::wire::ETH_LEN;
 use frame::SimFrame;
 use part::{Ctx, Part};
 
+/// Spare frame buffers each simulated engine keeps ([`Config::spare_frames`]).
+const SIM_SPARE_FRAMES: usize = 64;
+
 /// The simulated network.
 #[derive(Debug, Clone, Copy)]
 pub struct SimConfig {
@@ -151,7 +154,10 @@ impl Sim {
     /// A torus with every server up and every link live, its servers split into `threads`
     /// parts run in parallel windows (see [`part`]). A run gives the same result whatever
     /// the number of threads.
-    pub fn with_threads(cfg: SimConfig, threads: usize) -> Result<Sim, String> {
+    pub fn with_threads(mut cfg: SimConfig, threads: usize) -> Result<Sim, String> {
+        // Thousands of engines share this process's memory: each keeps few spare frame
+        // buffers (a server of its own keeps a window's worth, to allocate nothing).
+        cfg.transport.spare_frames = cfg.transport.spare_frames.min(SIM_SPARE_FRAMES);
         let view = LinkView::all_up(cfg.dims).map_err(|e| e.to_string())?;
         let n = cfg.dims.count() as usize;
         if threads == 0 || threads > n {

@@ -14,7 +14,7 @@ pub struct Fences {
     pub forward: bool,
 }
 
-/// A message released to the application.
+/// A message released to the application (what a `Vec<Released>` collects).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Released {
     /// Its message number in the connection.
@@ -23,9 +23,24 @@ pub struct Released {
     pub service: u16,
     /// Its bytes.
     pub data: Vec<u8>,
-    /// Its service's placer took it from the frame already (`data` is what the placer
-    /// returned).
-    pub placed: bool,
+}
+
+/// Where released messages go, in release order. The bytes are borrowed (from the frame
+/// they arrived in, or from the gate when a fence held them): the receiver copies them once,
+/// where it keeps them.
+pub trait Release {
+    /// Message `msn` of `service` may be delivered now.
+    fn release(&mut self, msn: u64, service: u16, data: &[u8]);
+}
+
+impl Release for Vec<Released> {
+    fn release(&mut self, msn: u64, service: u16, data: &[u8]) {
+        self.push(Released {
+            msn,
+            service,
+            data: data.to_vec(),
+        });
+    }
 }
 
 /// Why a fragment was refused.
@@ -95,35 +110,38 @@ impl Delivery {
         self.waiting.len()
     }
 
-    /// Offers a whole message; releases it and anything it unblocks into `out`.
-    /// `wait_for` is the latest forward-fenced message before it (if any).
+    /// Offers a whole message; releases it and anything it unblocks into `out`, or keeps a
+    /// copy while a fence holds it. `wait_for` is the latest forward-fenced message before it
+    /// (if any).
     pub fn offer(
         &mut self,
         msn: u64,
         service: u16,
-        data: Vec<u8>,
+        data: &[u8],
         fences: Fences,
         wait_for: Option<u64>,
-        out: &mut Vec<Released>,
+        out: &mut impl Release,
     ) {
+        if msn == self.below && self.waiting.is_empty() && wait_for.is_none_or(|j| j < msn) {
+            // The next message in order with nothing held (the common case): no set to search
+            // or update.
+            self.mark(msn);
+            out.release(msn, service, data);
+            return;
+        }
         if self.is_delivered(msn) || self.waiting.contains_key(&msn) {
             return;
         }
         if self.may_deliver(msn, fences.backward, wait_for) {
             self.mark(msn);
-            out.push(Released {
-                msn,
-                service,
-                data,
-                placed: false,
-            });
+            out.release(msn, service, data);
             self.release_waiting(out);
         } else {
             self.waiting.insert(
                 msn,
                 Waiting {
                     service,
-                    data,
+                    data: data.to_vec(),
                     backward: fences.backward,
                     wait_for,
                 },
@@ -131,37 +149,17 @@ impl Delivery {
         }
     }
 
-    /// Offers a whole message still in its frame: when it may be delivered now, `place`
-    /// takes it from the frame (no copy here) and returns what to deliver instead, if
-    /// anything; when a fence holds it, it is copied and waits like any other.
-    #[allow(clippy::too_many_arguments)]
-    pub fn offer_placed(
-        &mut self,
-        msn: u64,
-        service: u16,
-        data: &[u8],
-        fences: Fences,
-        wait_for: Option<u64>,
-        out: &mut Vec<Released>,
-        place: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>,
-    ) {
-        if self.is_delivered(msn) || self.waiting.contains_key(&msn) {
-            return;
-        }
-        if self.may_deliver(msn, fences.backward, wait_for) {
-            self.mark(msn);
-            if let Some(data) = place(data) {
-                out.push(Released {
-                    msn,
-                    service,
-                    data,
-                    placed: true,
-                });
-            }
-            self.release_waiting(out);
-        } else {
-            self.offer(msn, service, data.to_vec(), fences, wait_for, out);
-        }
+    /// Whether messages `msn..` may all be released at once, none of them fenced: `msn` is
+    /// the next in order and nothing is held or was delivered out of order.
+    pub fn can_release_run(&self, msn: u64) -> bool {
+        msn == self.below && self.waiting.is_empty() && self.done.is_empty()
+    }
+
+    /// Releases messages `msn..msn + n` (after [`Delivery::can_release_run`] said yes, for
+    /// unfenced messages): the caller hands them to the application itself.
+    pub fn release_run(&mut self, msn: u64, n: u64) {
+        debug_assert!(self.can_release_run(msn));
+        self.below = msn + n;
     }
 
     /// Offers fragment `frag` of message `msn` (`last` when it is the final one); a
@@ -176,7 +174,7 @@ impl Delivery {
         data: &[u8],
         fences: Fences,
         wait_for: Option<u64>,
-        out: &mut Vec<Released>,
+        out: &mut impl Release,
     ) -> Result<(), DeliveryError> {
         if self.is_delivered(msn) || self.waiting.contains_key(&msn) {
             return Ok(());
@@ -215,7 +213,7 @@ impl Delivery {
                 for (_, f) in p.frags {
                     whole.extend_from_slice(&f);
                 }
-                self.offer(msn, p.service, whole, p.fences, p.wait_for, out);
+                self.offer(msn, p.service, &whole, p.fences, p.wait_for, out);
             }
         }
         Ok(())
@@ -228,7 +226,8 @@ impl Delivery {
     fn mark(&mut self, msn: u64) {
         if msn == self.below {
             self.below += 1;
-            while self.done.remove(&self.below) {
+            // In-order delivery leaves `done` empty: nothing to search.
+            while !self.done.is_empty() && self.done.remove(&self.below) {
                 self.below += 1;
             }
         } else {
@@ -236,8 +235,8 @@ impl Delivery {
         }
     }
 
-    fn release_waiting(&mut self, out: &mut Vec<Released>) {
-        loop {
+    fn release_waiting(&mut self, out: &mut impl Release) {
+        while !self.waiting.is_empty() {
             let ready = self
                 .waiting
                 .iter()
@@ -248,12 +247,7 @@ impl Delivery {
             };
             if let Some(w) = self.waiting.remove(&msn) {
                 self.mark(msn);
-                out.push(Released {
-                    msn,
-                    service: w.service,
-                    data: w.data,
-                    placed: false,
-                });
+                out.release(msn, w.service, &w.data);
             }
         }
     }
@@ -277,47 +271,18 @@ mod tests {
     }
 
     #[test]
-    fn placed_messages_are_taken_from_the_frame_unless_a_fence_holds_them() {
-        let mut d = Delivery::new(1 << 20);
-        let mut out = Vec::new();
-        let mut placed: Vec<Vec<u8>> = Vec::new();
-        let mut place = |b: &[u8]| {
-            placed.push(b.to_vec());
-            Some(vec![b[0] + 100])
-        };
-        d.offer_placed(0, 8, &[0], NONE, None, &mut out, &mut place);
-        // Message 2 is backward-fenced and 1 is missing: it waits, copied, as a message.
-        d.offer_placed(2, 8, &[2], BWD, None, &mut out, &mut place);
-        d.offer_placed(1, 8, &[1], NONE, None, &mut out, &mut place);
-        d.offer_placed(1, 8, &[1], NONE, None, &mut out, &mut place);
-        assert_eq!(placed, vec![vec![0], vec![1]], "placed once each, 2 held");
-        assert_eq!(msns(&out), [0, 1, 2]);
-        assert_eq!(out[0].data, [100]);
-        assert_eq!(
-            out[2].data,
-            [2],
-            "the held one arrives as the message itself"
-        );
-        assert!(out[0].placed && out[1].placed && !out[2].placed);
-        let mut nothing = |_: &[u8]| None;
-        d.offer_placed(3, 8, &[3], NONE, None, &mut out, &mut nothing);
-        assert_eq!(out.len(), 3, "a placer may deliver nothing");
-        assert!(d.is_delivered(3));
-    }
-
-    #[test]
     fn unfenced_go_at_once_backward_waits() {
         let mut d = Delivery::new(1 << 20);
         let mut out = Vec::new();
-        d.offer(2, 1, vec![2], NONE, None, &mut out);
+        d.offer(2, 1, &[2], NONE, None, &mut out);
         assert_eq!(msns(&out), [2]);
-        d.offer(3, 1, vec![3], BWD, None, &mut out);
+        d.offer(3, 1, &[3], BWD, None, &mut out);
         assert_eq!(msns(&out), [2], "3 waits for 0 and 1");
-        d.offer(0, 1, vec![0], NONE, None, &mut out);
-        d.offer(1, 1, vec![1], NONE, None, &mut out);
+        d.offer(0, 1, &[0], NONE, None, &mut out);
+        d.offer(1, 1, &[1], NONE, None, &mut out);
         assert_eq!(msns(&out), [2, 0, 1, 3]);
         assert_eq!(d.base(), 4);
-        d.offer(1, 1, vec![1], NONE, None, &mut out);
+        d.offer(1, 1, &[1], NONE, None, &mut out);
         assert_eq!(out.len(), 4, "duplicates are dropped");
     }
 
@@ -326,13 +291,13 @@ mod tests {
         let mut d = Delivery::new(1 << 20);
         let mut out = Vec::new();
         // Message 1 is forward-fenced; 2 and 3 carry wait_for = 1 and arrive first.
-        d.offer(2, 1, vec![], NONE, Some(1), &mut out);
-        d.offer(3, 1, vec![], NONE, Some(1), &mut out);
+        d.offer(2, 1, &[], NONE, Some(1), &mut out);
+        d.offer(3, 1, &[], NONE, Some(1), &mut out);
         assert!(out.is_empty());
         d.offer(
             1,
             1,
-            vec![],
+            &[],
             Fences {
                 backward: false,
                 forward: true,

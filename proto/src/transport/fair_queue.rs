@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
+use super::byte_ring::ByteRing;
 use super::delivery::Fences;
 use crate::time::Time;
 use crate::topology::Coord;
@@ -43,7 +44,7 @@ pub struct ServiceQueue {
     weight: u32,
     limit: usize,
     meta: VecDeque<Queued>,
-    bytes: VecDeque<u8>,
+    bytes: ByteRing,
 }
 
 impl ServiceQueue {
@@ -76,14 +77,7 @@ impl ServiceQueue {
     /// from the queue; pops the head when all of it has been taken.
     pub fn take(&mut self, out: &mut [u8]) {
         let n = out.len();
-        let (a, b) = self.bytes.as_slices();
-        if n <= a.len() {
-            out.copy_from_slice(&a[..n]);
-        } else {
-            out[..a.len()].copy_from_slice(a);
-            out[a.len()..].copy_from_slice(&b[..n - a.len()]);
-        }
-        self.bytes.drain(..n);
+        self.bytes.take(out);
         if let Some(h) = self.meta.front_mut() {
             h.sent += n as u32;
             if h.sent >= h.len {
@@ -146,7 +140,7 @@ impl FairQueue {
             weight: 1,
             limit: self.default_limit,
             meta: VecDeque::new(),
-            bytes: VecDeque::new(),
+            bytes: ByteRing::default(),
         });
         let i = self.queues.len() - 1;
         self.index.insert(service, i);
@@ -161,7 +155,7 @@ impl FairQueue {
         if !sq.meta.is_empty() && sq.bytes.len() + data.len() > sq.limit {
             return Err(Full);
         }
-        sq.bytes.extend(data);
+        sq.bytes.push(data);
         sq.meta.push_back(q);
         Ok(())
     }
@@ -221,17 +215,19 @@ impl FairQueue {
                 continue;
             }
             let mut meta = VecDeque::with_capacity(q.meta.len());
-            let mut bytes = VecDeque::with_capacity(q.bytes.len());
-            let mut at = 0usize;
+            let mut bytes = ByteRing::default();
+            let mut kept = Vec::new();
             for m in q.meta.drain(..) {
                 let n = (m.len - m.sent) as usize;
                 if m.dest == dest {
                     out.push((q.service, m.tag));
+                    q.bytes.skip(n);
                 } else {
-                    bytes.extend(q.bytes.range(at..at + n));
+                    kept.resize(n, 0);
+                    q.bytes.take(&mut kept);
+                    bytes.push(&kept);
                     meta.push_back(m);
                 }
-                at += n;
             }
             q.meta = meta;
             q.bytes = bytes;

@@ -1,0 +1,277 @@
+//! What the transport has for the application, in the order it happened: delivered
+//! messages and reports (acknowledged, failed, peer reset).
+//!
+//! Messages' bytes are copied once, from the frame they arrived in, into one arena that is
+//! emptied whenever the queue is; a consumer that can read a borrowed message
+//! ([`Inbox::pop_ref`]) costs no allocation per message. [`Inbox::pop`] hands out owned
+//! events for consumers that keep them (one allocation each, as before the arena).
+
+use std::collections::VecDeque;
+
+use super::Event;
+use crate::topology::Coord;
+use crate::wire::MSG_HEADER_LEN;
+
+/// One queued event: a message whose bytes are in the arena, or any other event as is.
+#[derive(Debug)]
+enum Entry {
+    Message {
+        src: Coord,
+        service: u16,
+        reliable: bool,
+        start: usize,
+        len: usize,
+    },
+    /// A whole aggregated payload (message headers included) whose messages were all
+    /// released at once: handed out one message at a time, parsed again from the arena (the
+    /// receiver checked them when the frame arrived).
+    Batch {
+        src: Coord,
+        reliable: bool,
+        start: usize,
+        end: usize,
+    },
+    Owned(Event),
+}
+
+/// An event borrowed from the inbox: messages are slices of its arena, valid until the next
+/// call on the transport.
+#[derive(Debug, PartialEq, Eq)]
+pub enum EventRef<'a> {
+    /// A message arrived.
+    Message {
+        /// The server that sent it.
+        src: Coord,
+        /// The service it is for.
+        service: u16,
+        /// Its bytes.
+        data: &'a [u8],
+        /// Whether it came reliably (else as a short message).
+        reliable: bool,
+    },
+    /// Any other event (and messages a placer handed back as owned bytes).
+    Other(Event),
+}
+
+impl EventRef<'_> {
+    /// The owned event (copies a borrowed message).
+    pub fn into_owned(self) -> Event {
+        match self {
+            EventRef::Message {
+                src,
+                service,
+                data,
+                reliable,
+            } => Event::Message {
+                src,
+                service,
+                data: data.to_vec(),
+                reliable,
+            },
+            EventRef::Other(e) => e,
+        }
+    }
+}
+
+/// The transport's queue of events for the application.
+#[derive(Debug, Default)]
+pub struct Inbox {
+    entries: VecDeque<Entry>,
+    bytes: Vec<u8>,
+}
+
+impl Inbox {
+    /// Queues a message, copying its bytes.
+    pub fn push_message(&mut self, src: Coord, service: u16, data: &[u8], reliable: bool) {
+        if self.entries.is_empty() {
+            self.bytes.clear();
+        }
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(data);
+        self.entries.push_back(Entry::Message {
+            src,
+            service,
+            reliable,
+            start,
+            len: data.len(),
+        });
+    }
+
+    /// Queues every message of an aggregated payload (checked well-formed by the caller), in
+    /// one copy.
+    pub fn push_batch(&mut self, src: Coord, payload: &[u8], reliable: bool) {
+        if self.entries.is_empty() {
+            self.bytes.clear();
+        }
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(payload);
+        self.entries.push_back(Entry::Batch {
+            src,
+            reliable,
+            start,
+            end: self.bytes.len(),
+        });
+    }
+
+    /// Queues an event as it is.
+    pub fn push(&mut self, e: Event) {
+        self.entries.push_back(Entry::Owned(e));
+    }
+
+    /// Events waiting.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no event waits.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The next event, owned.
+    pub fn pop(&mut self) -> Option<Event> {
+        self.pop_ref().map(EventRef::into_owned)
+    }
+
+    /// The next event, borrowing a message's bytes from the arena.
+    pub fn pop_ref(&mut self) -> Option<EventRef<'_>> {
+        loop {
+            let Some(front) = self.entries.front_mut() else {
+                // Nothing refers to the arena any more: reuse it from the start.
+                self.bytes.clear();
+                return None;
+            };
+            if let Entry::Batch {
+                src,
+                reliable,
+                start,
+                end,
+            } = front
+            {
+                let (src, reliable, at) = (*src, *reliable, *start);
+                // The receiver checked these headers when the frame arrived; read the two
+                // fields directly rather than through the checking iterator again.
+                let Some((len, service)) = msg_header(&self.bytes[at..*end]) else {
+                    self.entries.pop_front();
+                    continue;
+                };
+                *start = at + MSG_HEADER_LEN + len;
+                if *start >= *end {
+                    self.entries.pop_front();
+                }
+                let data = at + MSG_HEADER_LEN;
+                return Some(EventRef::Message {
+                    src,
+                    service,
+                    data: &self.bytes[data..data + len],
+                    reliable,
+                });
+            }
+            return Some(match self.entries.pop_front()? {
+                Entry::Message {
+                    src,
+                    service,
+                    reliable,
+                    start,
+                    len,
+                } => EventRef::Message {
+                    src,
+                    service,
+                    data: &self.bytes[start..start + len],
+                    reliable,
+                },
+                Entry::Owned(e) => EventRef::Other(e),
+                Entry::Batch { .. } => continue,
+            });
+        }
+    }
+}
+
+/// Length and service of the message at the start of `b`, if it is all there.
+fn msg_header(b: &[u8]) -> Option<(usize, u16)> {
+    let h = b.get(..MSG_HEADER_LEN)?;
+    let len = usize::from(u16::from_be_bytes([h[0], h[1]]));
+    let service = u16::from_be_bytes([h[2], h[3]]);
+    (b.len() >= MSG_HEADER_LEN + len).then_some((len, service))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::FailReason;
+
+    #[test]
+    fn events_come_out_in_order_and_the_arena_is_reused() {
+        let mut q = Inbox::default();
+        let a = Coord::new(1, 0, 0);
+        q.push_message(a, 7, b"one", true);
+        q.push(Event::PeerReset {
+            peer: a,
+            reason: FailReason::PeerRestarted,
+        });
+        q.push_message(a, 8, b"two", false);
+        assert_eq!(q.len(), 3);
+        assert_eq!(
+            q.pop_ref(),
+            Some(EventRef::Message {
+                src: a,
+                service: 7,
+                data: b"one",
+                reliable: true
+            })
+        );
+        assert!(matches!(q.pop(), Some(Event::PeerReset { .. })));
+        assert_eq!(
+            q.pop(),
+            Some(Event::Message {
+                src: a,
+                service: 8,
+                data: b"two".to_vec(),
+                reliable: false
+            })
+        );
+        assert_eq!(q.pop_ref(), None);
+        let cap = q.bytes.capacity();
+        for _ in 0..100 {
+            q.push_message(a, 1, b"again", true);
+            assert!(q.pop_ref().is_some());
+            assert!(q.pop_ref().is_none());
+        }
+        assert_eq!(
+            q.bytes.capacity(),
+            cap,
+            "the arena does not grow when drained"
+        );
+    }
+
+    #[test]
+    fn a_batch_hands_out_its_messages_one_by_one_in_order() {
+        let mut q = Inbox::default();
+        let a = Coord::new(0, 1, 0);
+        let mut payload = vec![0u8; 64];
+        let mut w = crate::wire::MessageWriter::new(&mut payload);
+        assert!(w.push(3, 0, b"first"));
+        assert!(w.push(4, 0, b""));
+        assert!(w.push(5, 0, b"third"));
+        let n = w.len();
+        q.push_message(a, 9, b"before", true);
+        q.push_batch(a, &payload[..n], true);
+        q.push_message(a, 9, b"after", false);
+        let got: Vec<(u16, Vec<u8>)> = std::iter::from_fn(|| q.pop())
+            .map(|e| match e {
+                Event::Message { service, data, .. } => (service, data),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (9, b"before".to_vec()),
+                (3, b"first".to_vec()),
+                (4, vec![]),
+                (5, b"third".to_vec()),
+                (9, b"after".to_vec())
+            ]
+        );
+    }
+}
