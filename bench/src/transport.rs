@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use torusnet_proto::harness::{self, LinkModel, Scenario, Sizes};
+use torusnet_proto::harness::{self, LinkModel, RxRing, Scenario, Sizes};
 use torusnet_proto::transport::Config;
 
 /// Options of `torus-bench transport`.
@@ -55,6 +55,16 @@ pub struct Args {
     /// Seed of every random choice.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The receiver takes frames from a ring of this many frames at its own speed
+    /// (`--rx-rate-fps`); frames that find it full are lost.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    rx_ring: Option<u32>,
+    /// Frames per second the receiver takes from its ring (with `--rx-ring`).
+    #[arg(long, default_value_t = 500_000, value_parser = clap::value_parser!(u64).range(1..))]
+    rx_rate_fps: u64,
+    /// The receiver does not state its room to its transport (no receiver pacing).
+    #[arg(long)]
+    no_pacing: bool,
 }
 
 fn probability(s: &str) -> Result<f64, String> {
@@ -115,6 +125,7 @@ struct Out {
     sim_time_us: f64,
     goodput_gbps: f64,
     finished: bool,
+    rx_ring_drops: u64,
 }
 
 /// Builds the scenario the options describe.
@@ -149,6 +160,11 @@ pub fn scenario(a: &Args) -> Result<Scenario, String> {
             aggregate: !a.no_aggregation,
             ..Config::default()
         },
+        receiver: a.rx_ring.map(|frames| RxRing {
+            frames: frames as usize,
+            rate_fps: a.rx_rate_fps,
+            pacing: !a.no_pacing,
+        }),
         ..Scenario::default()
     })
 }
@@ -174,6 +190,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         sim_time_us: round(r.sim_time.as_nanos() as f64 / 1000.0),
         goodput_gbps: round(r.goodput_gbps),
         finished: r.finished,
+        rx_ring_drops: r.rx_ring_drops,
     };
     println!(
         "{}",

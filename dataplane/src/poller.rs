@@ -378,6 +378,7 @@ impl Poller {
             for i in 0..self.ports.len() {
                 work += self.receive(i);
             }
+            self.state_rx_room();
             let now = self.now();
             if self.node.poll_timeout().is_some_and(|t| t <= now) {
                 self.node.handle_timeout(now);
@@ -1034,6 +1035,21 @@ impl Poller {
             p.unkicked = 0;
         }
         sent
+    }
+
+    /// Tells the engine how many more frames this poller's rings can take (receiver
+    /// pacing): per port, the fill chunks the kernel holds and the room left in the RX ring,
+    /// whichever is less, in whole frames.
+    fn state_rx_room(&mut self) {
+        let mut chunks = 0u32;
+        for p in &mut self.ports {
+            let fill = p.xsk.fill.outstanding();
+            let rx_room = p.xsk.rx.size() - p.xsk.rx.available(u32::MAX);
+            chunks = chunks.saturating_add(fill.min(rx_room));
+        }
+        let now = self.now();
+        self.node
+            .set_rx_room(now, chunks / self.chunks_per_frame.max(1));
     }
 
     /// Takes back chunks the kernel has finished sending.

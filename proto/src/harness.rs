@@ -57,6 +57,19 @@ pub enum Sizes {
     Uniform(usize, usize),
 }
 
+/// The receiving server's own speed: frames wait in a ring of `frames` until it takes them,
+/// one every `1 / rate_fps` seconds; a frame that finds the ring full is lost, as a frame
+/// is when an AF_XDP receiver falls behind.
+#[derive(Debug, Clone, Copy)]
+pub struct RxRing {
+    /// Frames the ring holds.
+    pub frames: usize,
+    /// Frames the receiver takes per second.
+    pub rate_fps: u64,
+    /// Whether the receiver states its room to its transport (receiver pacing).
+    pub pacing: bool,
+}
+
 /// One experiment: what is sent over which links.
 #[derive(Debug, Clone, Copy)]
 pub struct Scenario {
@@ -83,6 +96,8 @@ pub struct Scenario {
     pub transport: Config,
     /// Give up after this much virtual time.
     pub time_limit: Duration,
+    /// Server B's receive ring and speed (None: it takes every frame as it arrives).
+    pub receiver: Option<RxRing>,
 }
 
 impl Default for Scenario {
@@ -99,6 +114,7 @@ impl Default for Scenario {
             seed: 1,
             transport: Config::default(),
             time_limit: Duration::from_secs(120),
+            receiver: None,
         }
     }
 }
@@ -142,6 +158,8 @@ pub struct Report {
     pub goodput_gbps: f64,
     /// Whether the run finished before the time limit.
     pub finished: bool,
+    /// Frames lost because B's receive ring was full.
+    pub rx_ring_drops: u64,
 }
 
 const A: Coord = Coord::new(0, 0, 0);
@@ -428,15 +446,46 @@ pub fn run(sc: &Scenario) -> Report {
     let mut last_delivery = Time::ZERO;
     let mut same_now = 0u32;
 
+    let mut ring: std::collections::VecDeque<Vec<u8>> = std::collections::VecDeque::new();
+    let mut rx_free_at = Time::ZERO;
+    let mut rx_ring_drops = 0u64;
+
     loop {
         // Frames that have arrived.
         while net.heap.peek().is_some_and(|f| f.0.at <= now) {
             let Some(Reverse(f)) = net.heap.pop() else {
                 break;
             };
-            let node = if f.to_b { &mut b } else { &mut a };
-            // Frames the transport refuses are counted in its stats; the run goes on.
-            let _ = node.handle_frame(now, &f.bytes);
+            match (f.to_b, sc.receiver) {
+                (true, Some(rx)) => {
+                    if ring.len() >= rx.frames {
+                        rx_ring_drops += 1;
+                    } else {
+                        ring.push_back(f.bytes);
+                    }
+                }
+                // Frames the transport refuses are counted in its stats; the run goes on.
+                (true, None) => {
+                    let _ = b.handle_frame(now, &f.bytes);
+                }
+                (false, _) => {
+                    let _ = a.handle_frame(now, &f.bytes);
+                }
+            }
+        }
+        // B takes frames from its ring at its own speed.
+        if let Some(rx) = sc.receiver {
+            let per_frame = Duration::from_nanos(1_000_000_000 / rx.rate_fps.max(1));
+            while rx_free_at <= now {
+                let Some(f) = ring.pop_front() else {
+                    break;
+                };
+                let _ = b.handle_frame(now, &f);
+                rx_free_at = now + per_frame;
+            }
+            if rx.pacing {
+                b.set_rx_room(now, (rx.frames - ring.len()) as u32);
+            }
         }
         for node in [&mut a, &mut b] {
             if node.poll_timeout().is_some_and(|t| t <= now) {
@@ -523,6 +572,7 @@ pub fn run(sc: &Scenario) -> Report {
             b.poll_timeout(),
             net.next_room(now, mtu),
             net.known_down.map(|(_, t)| t).filter(|t| *t > now),
+            (!ring.is_empty()).then_some(rx_free_at),
         ];
         let next = candidates.into_iter().flatten().filter(|t| *t > now).min();
         match next {
@@ -533,6 +583,7 @@ pub fn run(sc: &Scenario) -> Report {
 
     let (sa, sb) = (a.stats(), b.stats());
     let mut r = oracle.report;
+    r.rx_ring_drops = rx_ring_drops;
     r.lost = sc.messages - r.delivered;
     r.data_frames = sa.data_frames + sb.data_frames;
     r.retransmitted_frames = sa.retransmitted_frames + sb.retransmitted_frames;

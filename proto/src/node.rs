@@ -376,6 +376,12 @@ impl Node {
         self.source.stats()
     }
 
+    /// The driver can take `frames` more frames now: receiver pacing grants this room to
+    /// the peers sending here ([`transport::Transport::set_rx_room`]).
+    pub fn set_rx_room(&mut self, now: Time, frames: u32) {
+        self.transport.set_rx_room(now, frames);
+    }
+
     /// The driver's measurement of link `dir`'s load (what path probes collect).
     pub fn set_link_load(&mut self, dir: Dir, load: LinkLoad) {
         self.source.set_load(dir, load);

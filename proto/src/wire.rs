@@ -71,8 +71,9 @@ pub mod offset {
     pub const ROUTE_LEN: usize = ETH_LEN + 60;
     /// Index in the source route of the next hop to take, u8.
     pub const ROUTE_NEXT: usize = ETH_LEN + 61;
-    /// Reserved, u16: must be zero.
-    pub const RESERVED: usize = ETH_LEN + 62;
+    /// The receive window the frame's sender grants its peer, in frames past the
+    /// acknowledgement (0: not stated; the peer's own window applies), u16.
+    pub const RWND: usize = ETH_LEN + 62;
 }
 
 /// Most hops a source route may name: a shortest path in a 16x16x16 torus is 24 hops, a
@@ -113,9 +114,6 @@ pub enum WireError {
     /// A coordinate destination with a non-zero padding field.
     #[error("coordinate destination has non-zero padding")]
     DstPadding,
-    /// The reserved header word is not zero.
-    #[error("reserved header field is not zero")]
-    ReservedField,
     /// A source route that is too long, points past its end, names no direction, or
     /// whose fields are set on a frame without the `SOURCE_ROUTED` flag.
     #[error("malformed source route: {0}")]
@@ -271,6 +269,8 @@ pub struct Header {
     pub route_len: u8,
     /// Index of the route's next hop (`route_len` when the frame is at its destination).
     pub route_next: u8,
+    /// Receive window granted to the peer, in frames past `ack` (0: not stated).
+    pub rwnd: u16,
 }
 
 impl Header {
@@ -295,6 +295,7 @@ impl Header {
             payload_len: 0,
             route_len: 0,
             route_next: 0,
+            rwnd: 0,
         }
     }
 
@@ -336,6 +337,7 @@ impl Header {
             payload_len: v.payload_len() as u16,
             route_len: v.route_len() as u8,
             route_next: v.route_next() as u8,
+            rwnd: v.u16_at(offset::RWND),
         })
     }
 
@@ -387,7 +389,7 @@ impl Header {
         put(buf, offset::PEER_CONN, &self.peer_conn.to_be_bytes());
         buf[offset::ROUTE_LEN] = self.route_len;
         buf[offset::ROUTE_NEXT] = self.route_next;
-        put(buf, offset::RESERVED, &[0; 2]);
+        put(buf, offset::RWND, &self.rwnd.to_be_bytes());
         Ok(())
     }
 
@@ -455,9 +457,6 @@ impl<'a> FrameView<'a> {
         let reserved = v.flags() & !flags::KNOWN;
         if reserved != 0 {
             return Err(WireError::ReservedFlags(reserved));
-        }
-        if v.u16_at(offset::RESERVED) != 0 {
-            return Err(WireError::ReservedField);
         }
         v.check_route()?;
         let have = frame_len - HEADERS_LEN - v.route_len();

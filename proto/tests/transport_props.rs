@@ -158,3 +158,62 @@ fn short_messages_are_best_effort() {
     // About 10% lost, none retried.
     assert!(r.lost > 1000 && r.lost < 3000, "{r:?}");
 }
+
+/// Receiver pacing: a receiver slower than the link, behind a small ring, loses frames and
+/// has them sent again unless it grants its senders only the room it has; with pacing it
+/// loses none, and the run is no slower.
+#[test]
+fn a_slow_receiver_slows_its_sender_instead_of_losing_frames() {
+    for (links, size, mtu, ring, fps) in [
+        (3u8, 64usize, 1500usize, 256usize, 400_000u64),
+        (1, 9000, 9000, 128, 100_000),
+    ] {
+        let sc = |pacing: bool| Scenario {
+            links,
+            messages: if size > 1000 { 10_000 } else { 100_000 },
+            sizes: Sizes::Fixed(size),
+            transport: Config {
+                mtu,
+                ..Config::default()
+            },
+            receiver: Some(harness::RxRing {
+                frames: ring,
+                rate_fps: fps,
+                pacing,
+            }),
+            ..Scenario::default()
+        };
+        let paced = check(&sc(true));
+        let unpaced = check(&sc(false));
+        assert_eq!(paced.rx_ring_drops, 0, "{paced:?}");
+        assert_eq!(paced.retransmitted_frames, 0, "{paced:?}");
+        assert!(paced.extra_frames_pct < 5.0, "{paced:?}");
+        assert!(
+            unpaced.rx_ring_drops > 0,
+            "the model is slow enough to matter: {unpaced:?}"
+        );
+        assert!(unpaced.retransmitted_frames > 0, "{unpaced:?}");
+        assert!(paced.sim_time <= unpaced.sim_time, "{paced:?}\n{unpaced:?}");
+    }
+}
+
+/// Pacing and a receiver that keeps up: the grant is the whole window, and the run is the
+/// same as without pacing.
+#[test]
+fn pacing_costs_nothing_when_the_receiver_keeps_up() {
+    let sc = |pacing: bool| Scenario {
+        messages: 50_000,
+        receiver: Some(harness::RxRing {
+            frames: 2048,
+            rate_fps: 100_000_000,
+            pacing,
+        }),
+        ..Scenario::default()
+    };
+    let paced = check(&sc(true));
+    let plain = check(&sc(false));
+    assert_eq!(paced.rx_ring_drops, 0);
+    assert_eq!(paced.retransmitted_frames, 0);
+    assert_eq!(paced.sim_time, plain.sim_time, "{paced:?}\n{plain:?}");
+    assert_eq!(paced.data_frames, plain.data_frames);
+}

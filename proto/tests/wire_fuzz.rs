@@ -96,7 +96,7 @@ proptest! {
         service in any::<u16>(), src in any::<(u16, u16, u16)>(), key in any::<Option<u64>>(),
         dc in any::<(u16, u16, u16)>(), conn in any::<u32>(), seq in any::<u32>(),
         ack in any::<u32>(), frag in any::<u32>(), sack in any::<u64>(), plen in 0u16..100,
-        msn in any::<u32>(), fence in any::<u32>(), peer_conn in any::<u32>(),
+        msn in any::<u32>(), fence in any::<u32>(), peer_conn in any::<u32>(), rwnd in any::<u16>(),
     ) {
         let dst = match key {
             Some(k) => Dest::Key(k),
@@ -107,7 +107,7 @@ proptest! {
         let h = Header {
             kind: Kind::from_u8(kind).unwrap(), flags, ttl, hops, service,
             src: Coord::new(src.0, src.1, src.2), dst, conn, peer_conn, seq, ack, msn, frag, fence, sack,
-            payload_len: plen, route_len: 0, route_next: 0,
+            payload_len: plen, route_len: 0, route_next: 0, rwnd,
         };
         let mut buf = vec![0u8; HEADERS_LEN + usize::from(plen)];
         h.emit(&mut buf).unwrap();

@@ -230,12 +230,11 @@ mod tests {
         let mut b = frame(b"x");
         let len = insert(&mut b, HEADERS_LEN + 1, &route).unwrap();
         b.truncate(len);
-        let cases: [(usize, u8); 5] = [
+        let cases: [(usize, u8); 4] = [
             (offset::ROUTE_LEN, 0),
             (offset::ROUTE_LEN, 33),
             (offset::ROUTE_NEXT, 3),
             (HEADERS_LEN + 1, 6),
-            (offset::RESERVED, 1),
         ];
         for (at, val) in cases {
             let mut bad = b.clone();

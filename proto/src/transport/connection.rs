@@ -9,6 +9,7 @@
 use super::completion::Completions;
 use super::delivery::Delivery;
 use super::lifecycle::{Lifecycle, LifecycleConfig};
+use super::pacing::PeerPacing;
 use super::pool::BufferPool;
 use super::receiver::{RecvConfig, RecvWindow};
 use super::sender::{SendConfig, SendWindow};
@@ -54,6 +55,8 @@ pub struct Connection {
     pub life: Lifecycle,
     /// Messages framed and not yet acknowledged, for the sender's reports.
     pub sent: Completions,
+    /// What receiver pacing keeps about the peer.
+    pub pace: PeerPacing,
     /// The link the last frame went out on (striping cursor).
     rr: LinkId,
     cfg: ConnConfig,
@@ -74,6 +77,7 @@ impl Connection {
             timer: None,
             life: Lifecycle::new(cid, cfg.life),
             sent: Completions::default(),
+            pace: PeerPacing::default(),
             rr: LinkId::MAX,
             cfg,
         }

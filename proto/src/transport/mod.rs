@@ -33,6 +33,7 @@ pub mod delivery;
 pub mod fair_queue;
 pub mod inbox;
 pub mod lifecycle;
+pub mod pacing;
 pub mod pool;
 pub mod receiver;
 pub mod sender;
@@ -52,6 +53,7 @@ pub use inbox::EventRef;
 use inbox::Inbox;
 pub use lifecycle::FailReason;
 use lifecycle::{LifecycleConfig, SyncOutcome};
+use pacing::RxPacing;
 use receiver::{Arrival, RecvConfig};
 use sender::SendConfig;
 
@@ -522,6 +524,10 @@ pub struct Transport {
     acked: Vec<AckedRun>,
     /// Peers still to be told of this start ([`Transport::announce`]).
     announce: VecDeque<Coord>,
+    /// Receiver pacing: the room the driver stated, shared among active senders.
+    pacing: RxPacing,
+    /// Peers told a small grant, to be told at once when room returns.
+    starved: Vec<Coord>,
 }
 
 /// Bytes of a SYNC payload: the sender's incarnation (u64) and flags (u8).
@@ -560,6 +566,8 @@ impl Transport {
             notify: Default::default(),
             acked: Vec::new(),
             announce: VecDeque::new(),
+            pacing: RxPacing::new(cfg.window),
+            starved: Vec::new(),
         }
     }
 
@@ -634,6 +642,30 @@ impl Transport {
             self.notify.insert(service);
         } else {
             self.notify.remove(&service);
+        }
+    }
+
+    /// The driver can take `frames` more frames now (receiver pacing, [`pacing`]): shared
+    /// among the peers sending to this server and granted to them in every acknowledgement.
+    /// A driver that never calls this grants nothing, and senders' own windows apply.
+    pub fn set_rx_room(&mut self, now: Time, frames: u32) {
+        self.pacing.set_room(frames);
+        if self.pacing.count_due(now) {
+            let n = self
+                .conns
+                .values()
+                .filter(|c| RxPacing::is_active(c.pace.last_data, now))
+                .count();
+            self.pacing.set_active(now, n as u32);
+        }
+        if !self.starved.is_empty() && self.pacing.room_returned() {
+            for peer in std::mem::take(&mut self.starved) {
+                if let Some(c) = self.conns.get_mut(&peer) {
+                    c.pace.starved = false;
+                    c.pace.window_update = true;
+                }
+                self.mark_urgent(peer);
+            }
         }
     }
 
@@ -922,6 +954,7 @@ impl Transport {
                 .send
                 .on_ack(now, h.ack, sack, h.kind == Kind::Nack, &mut self.pool)
                 .unwrap_or(0);
+            conn.send.on_window(h.ack, h.rwnd);
             if retired > 0 {
                 conn.life.set_waiting(now, waits(conn), true);
                 let mut acked = std::mem::take(&mut self.acked);
@@ -945,6 +978,7 @@ impl Transport {
         };
         let mut result = Ok(());
         if h.kind == Kind::Data {
+            conn.pace.last_data = Some(now);
             let before = conn.recv.cum_ack();
             match conn.recv.on_frame(now, h.seq, h.has(flags::RETRANSMIT)) {
                 Arrival::New => {
@@ -996,6 +1030,7 @@ impl Transport {
             SyncOutcome::Known | SyncOutcome::Adopted => {}
         }
         if let Some(conn) = self.conns.get_mut(&h.src) {
+            conn.send.on_sync_window(h.rwnd);
             let waiting = waits(conn);
             conn.life.set_waiting(now, waiting, true);
             if conn.life.sync_due(now) {
@@ -1271,7 +1306,8 @@ impl Transport {
             let piggyback_soon = c.queued > 0 && c.send.can_send() && !c.recv.ack_overdue(now);
             let sync = c.life.sync_due(now);
             let nack = established && c.recv.nack_due(now);
-            let ack = established && c.recv.ack_due(now) && !piggyback_soon;
+            let ack =
+                established && (c.recv.ack_due(now) || c.pace.window_update) && !piggyback_soon;
             if !c.send.has_retransmit() && !nack && !ack && !sync {
                 c.urgent = false;
                 continue;
@@ -1281,11 +1317,15 @@ impl Transport {
                 continue;
             };
             let local = self.local;
+            grant(&self.pacing, &mut self.starved, c);
             let t = if sync {
                 let mut h = Header::new(Kind::Sync, local, Dest::Server(peer));
                 h.conn = c.life.cid();
                 h.peer_conn = c.life.peer_cid().unwrap_or(0);
                 h.payload_len = SYNC_PAYLOAD as u16;
+                // The handshake carries the first grant: a sender that knew none would
+                // open with a whole window, more than a small receive ring holds.
+                h.rwnd = c.pace.granted;
                 h.emit(buf).ok()?;
                 buf[HEADERS_LEN..HEADERS_LEN + 8]
                     .copy_from_slice(&self.cfg.incarnation.to_be_bytes());
@@ -1326,6 +1366,7 @@ impl Transport {
                 h.flags = flags::ACK_VALID | flags::SACK_VALID;
                 h.ack = seqnum::truncate(c.recv.cum_ack());
                 h.sack = c.recv.sack_bits();
+                h.rwnd = c.pace.granted;
                 h.emit(buf).ok()?;
                 if nack {
                     c.recv.on_nack_sent(now);
@@ -1344,7 +1385,8 @@ impl Transport {
             };
             let still = c.send.has_retransmit()
                 || c.life.sync_due(now)
-                || (c.life.established() && (c.recv.nack_due(now) || c.recv.ack_due(now)));
+                || (c.life.established()
+                    && (c.recv.nack_due(now) || c.recv.ack_due(now) || c.pace.window_update));
             if still {
                 self.urgent.push_back(peer);
             } else {
@@ -1389,6 +1431,7 @@ impl Transport {
                 continue;
             }
             let link = conn.next_link(usable)?;
+            grant(&self.pacing, &mut self.starved, conn);
             let t = build_data_frame(
                 self.local,
                 &self.cfg,
@@ -1436,7 +1479,20 @@ fn refresh_ack(buf: &mut [u8], c: &mut Connection) {
     buf[wire::offset::ACK..wire::offset::ACK + 4].copy_from_slice(&ack.to_be_bytes());
     buf[wire::offset::SACK..wire::offset::SACK + 8]
         .copy_from_slice(&c.recv.sack_bits().to_be_bytes());
+    buf[wire::offset::RWND..wire::offset::RWND + 2].copy_from_slice(&c.pace.granted.to_be_bytes());
     c.recv.on_ack_sent();
+}
+
+/// Sets the receive window `c` is granted in the next frame to it (receiver pacing); a
+/// small grant puts the peer on the list of those told at once when room returns.
+fn grant(p: &RxPacing, starved: &mut Vec<Coord>, c: &mut Connection) {
+    let g = p.grant();
+    c.pace.granted = g;
+    c.pace.window_update = false;
+    if p.is_small(g) && !c.pace.starved {
+        c.pace.starved = true;
+        starved.push(c.peer);
+    }
 }
 
 /// Frames the head of `q` (and, aggregating, the messages after it to the same peer) into
@@ -1585,6 +1641,7 @@ fn build_data_frame(
         h.flags |= flags::ACK_VALID | flags::SACK_VALID;
         h.ack = seqnum::truncate(conn.recv.cum_ack());
         h.sack = conn.recv.sack_bits();
+        h.rwnd = conn.pace.granted;
         conn.recv.on_ack_sent();
         // Emit cannot fail: buf was checked to hold a whole frame.
         let _ = h.emit(buf);

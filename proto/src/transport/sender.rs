@@ -49,6 +49,9 @@ pub struct SendWindow {
     backoff: u32,
     srtt: Option<Duration>,
     rttvar: Duration,
+    /// The first sequence number the peer's receive window does not cover (None: the peer
+    /// states none, and only our own window limits).
+    peer_edge: Option<u64>,
 }
 
 impl SendWindow {
@@ -64,12 +67,31 @@ impl SendWindow {
             backoff: 0,
             srtt: None,
             rttvar: Duration::ZERO,
+            peer_edge: None,
         }
     }
 
-    /// Whether the window has room for one more new frame.
+    /// Whether the window has room for one more new frame: ours, and the receive window
+    /// the peer last granted.
     pub fn can_send(&self) -> bool {
         self.next - self.una < u64::from(self.cfg.window)
+            && self.peer_edge.is_none_or(|e| self.next < e)
+    }
+
+    /// The peer granted `rwnd` frames in its SYNC, before acknowledging anything: past
+    /// what it has acknowledged so far (0: it states no window).
+    pub fn on_sync_window(&mut self, rwnd: u16) {
+        self.peer_edge = (rwnd != 0).then(|| self.una + u64::from(rwnd));
+    }
+
+    /// The peer granted `rwnd` frames past its acknowledgement `cum_wire` (0: it states no
+    /// window). An acknowledgement older than what we know grants nothing new.
+    pub fn on_window(&mut self, cum_wire: u32, rwnd: u16) {
+        let cum = seqnum::expand(cum_wire, self.una);
+        if cum < self.una || cum > self.next {
+            return;
+        }
+        self.peer_edge = (rwnd != 0).then(|| cum + u64::from(rwnd));
     }
 
     /// Frames in flight (sent, not cumulatively acknowledged).
