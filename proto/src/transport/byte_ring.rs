@@ -42,6 +42,26 @@ impl ByteRing {
         self.len = need;
     }
 
+    /// Appends a message in wire form: its fixed-size header, then its bytes (one capacity
+    /// check, and the header written in place rather than through a `memcpy` call).
+    #[inline]
+    pub fn push_message<const H: usize>(&mut self, header: &[u8; H], data: &[u8]) {
+        let need = self.len + H + data.len();
+        if need > self.buf.len() {
+            self.grow(need);
+        }
+        let cap = self.buf.len();
+        let tail = (self.head + self.len) & (cap - 1);
+        if tail + H + data.len() <= cap {
+            self.buf[tail..tail + H].copy_from_slice(header);
+            self.buf[tail + H..tail + H + data.len()].copy_from_slice(data);
+            self.len = need;
+        } else {
+            self.push(header);
+            self.push(data);
+        }
+    }
+
     /// Moves the oldest `out.len()` bytes into `out` (which must not be longer than what is
     /// held).
     pub fn take(&mut self, out: &mut [u8]) {
@@ -105,7 +125,12 @@ mod tests {
                         next
                     })
                     .collect();
-                r.push(&data);
+                if n >= 4 && rng.next_u64().is_multiple_of(2) {
+                    let header: [u8; 4] = [data[0], data[1], data[2], data[3]];
+                    r.push_message(&header, &data[4..]);
+                } else {
+                    r.push(&data);
+                }
                 model.extend(data);
             } else {
                 let n = (rng.next_u64() % 400) as usize % (model.len() + 1);

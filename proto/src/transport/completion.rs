@@ -53,6 +53,12 @@ impl Completions {
                 break;
             }
             self.sent.pop_front();
+            // Runs of one service are the common case: its entry is the last one.
+            if let Some(r) = out.last_mut().filter(|r| r.service == s.service) {
+                r.count += 1;
+                r.last_tag = s.tag;
+                continue;
+            }
             match out.iter_mut().find(|r| r.service == s.service) {
                 Some(r) => {
                     r.count += 1;

@@ -1,6 +1,10 @@
 //! Per-service outbound queues, polled in turn (weighted round robin, a frame per turn) when
 //! a link has room, as CamCube's runtime does: a service that floods the node gets its share
 //! and no more, and each queue is bounded, so a full one answers "would block".
+//!
+//! A queued message's bytes wait already in wire form, its aggregated-message header in
+//! front: an aggregated frame is then one copy of a run of messages, not a header and a copy
+//! per message (and a message framed alone skips its header).
 
 use std::collections::VecDeque;
 
@@ -10,6 +14,7 @@ use super::byte_ring::ByteRing;
 use super::delivery::Fences;
 use crate::time::Time;
 use crate::topology::Coord;
+use crate::wire::{self, msg_flags, MSG_HEADER_LEN};
 
 /// A message waiting in a service queue (its bytes sit in the queue's byte ring).
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +33,12 @@ pub struct Queued {
     pub fences: Fences,
     /// When it was queued (for the aggregation deadline).
     pub enqueued: Time,
+}
+
+/// How far the message at the head of a queue has been framed (only the head can be partly
+/// sent: a message larger than a frame goes out in fragments, one per turn).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeadProgress {
     /// Bytes already sent as fragments.
     pub sent: u32,
     /// Message number, once its first fragment is framed.
@@ -45,6 +56,10 @@ pub struct ServiceQueue {
     limit: usize,
     meta: VecDeque<Queued>,
     bytes: ByteRing,
+    /// Message bytes waiting (what the limit counts; the ring holds their headers too).
+    data: usize,
+    /// The head message's fragmentation.
+    progress: HeadProgress,
 }
 
 impl ServiceQueue {
@@ -53,9 +68,16 @@ impl ServiceQueue {
         self.meta.front()
     }
 
-    /// The message at the head, to record fragmentation progress.
-    pub fn head_mut(&mut self) -> Option<&mut Queued> {
-        self.meta.front_mut()
+    /// How far the head message has been framed.
+    pub fn head_progress(&self) -> HeadProgress {
+        self.progress
+    }
+
+    /// Fixes the head message's number and the fence it waits for, as its first fragment
+    /// is framed.
+    pub fn set_head_msn(&mut self, msn: u64, wait_for: Option<u64>) {
+        self.progress.msn = Some(msn);
+        self.progress.wait_for = wait_for;
     }
 
     /// The waiting messages, head first.
@@ -77,13 +99,30 @@ impl ServiceQueue {
     /// from the queue; pops the head when all of it has been taken.
     pub fn take(&mut self, out: &mut [u8]) {
         let n = out.len();
-        self.bytes.take(out);
-        if let Some(h) = self.meta.front_mut() {
-            h.sent += n as u32;
-            if h.sent >= h.len {
-                self.meta.pop_front();
-            }
+        let Some(h) = self.meta.front() else {
+            return;
+        };
+        if self.progress.sent == 0 {
+            // Framed alone (whole or in fragments): its aggregated-message header goes.
+            self.bytes.skip(MSG_HEADER_LEN);
         }
+        self.bytes.take(out);
+        self.data -= n.min(self.data);
+        self.progress.sent += n as u32;
+        if self.progress.sent >= h.len {
+            self.meta.pop_front();
+            self.progress = HeadProgress::default();
+        }
+    }
+
+    /// Copies the next `count` messages, none of them partly sent, in wire form (each with
+    /// its aggregated-message header) into `out`, which their bytes fill exactly, and pops
+    /// them.
+    pub fn take_aggregated(&mut self, count: usize, out: &mut [u8]) {
+        self.bytes.take(out);
+        let count = count.min(self.meta.len());
+        self.data -= (out.len() - count * MSG_HEADER_LEN).min(self.data);
+        self.meta.drain(..count);
     }
 }
 
@@ -141,6 +180,8 @@ impl FairQueue {
             limit: self.default_limit,
             meta: VecDeque::new(),
             bytes: ByteRing::default(),
+            data: 0,
+            progress: HeadProgress::default(),
         });
         let i = self.queues.len() - 1;
         self.index.insert(service, i);
@@ -152,10 +193,22 @@ impl FairQueue {
     pub fn push(&mut self, service: u16, q: Queued, data: &[u8]) -> Result<(), Full> {
         let i = self.slot(service);
         let sq = &mut self.queues[i];
-        if !sq.meta.is_empty() && sq.bytes.len() + data.len() > sq.limit {
+        if !sq.meta.is_empty() && sq.data + data.len() > sq.limit {
             return Err(Full);
         }
-        sq.bytes.push(data);
+        let mut fl = 0u8;
+        if q.fences.backward {
+            fl |= msg_flags::BWD_FENCE;
+        }
+        if q.fences.forward {
+            fl |= msg_flags::FWD_FENCE;
+        }
+        let mut hdr = [0u8; MSG_HEADER_LEN];
+        // A message too long for the header's length is never aggregated: the header is
+        // skipped when it is framed alone.
+        wire::write_msg_header(&mut hdr, data.len() as u16, q.service, fl);
+        sq.bytes.push_message(&hdr, data);
+        sq.data += data.len();
         sq.meta.push_back(q);
         Ok(())
     }
@@ -202,7 +255,7 @@ impl FairQueue {
 
     /// Bytes waiting in all queues.
     pub fn total_bytes(&self) -> usize {
-        self.queues.iter().map(|q| q.bytes.len()).sum()
+        self.queues.iter().map(|q| q.data).sum()
     }
 
     /// Takes every message to `dest` out of every queue (a partly sent one too), returning
@@ -217,11 +270,18 @@ impl FairQueue {
             let mut meta = VecDeque::with_capacity(q.meta.len());
             let mut bytes = ByteRing::default();
             let mut kept = Vec::new();
-            for m in q.meta.drain(..) {
-                let n = (m.len - m.sent) as usize;
+            let head_sent = q.progress.sent;
+            for (i, m) in q.meta.drain(..).enumerate() {
+                let sent = if i == 0 { head_sent } else { 0 };
+                let header = if sent == 0 { MSG_HEADER_LEN } else { 0 };
+                let n = header + (m.len - sent) as usize;
                 if m.dest == dest {
+                    if i == 0 {
+                        q.progress = HeadProgress::default();
+                    }
                     out.push((q.service, m.tag));
                     q.bytes.skip(n);
+                    q.data -= ((m.len - sent) as usize).min(q.data);
                 } else {
                     kept.resize(n, 0);
                     q.bytes.take(&mut kept);
@@ -249,9 +309,6 @@ mod tests {
             reliable: true,
             fences: Fences::default(),
             enqueued: Time::ZERO,
-            sent: 0,
-            msn: None,
-            wait_for: None,
         }
     }
 
@@ -285,7 +342,7 @@ mod tests {
         let mut a = [0u8; 3];
         q.take(&mut a);
         assert_eq!(&a, b"hel");
-        assert_eq!(q.head().map(|h| h.sent), Some(3));
+        assert_eq!(q.head_progress().sent, 3);
         let mut b = [0u8; 2];
         q.take(&mut b);
         assert_eq!(&b, b"lo");

@@ -803,9 +803,6 @@ impl Transport {
                 Fences::default()
             },
             enqueued: now,
-            sent: 0,
-            msn: None,
-            wait_for: None,
         };
         self.queues
             .push(m.from, q, m.data)
@@ -1456,10 +1453,14 @@ fn frame_would_fill(q: &fair_queue::ServiceQueue, cfg: &Config) -> bool {
     let Some(h) = q.head() else {
         return false;
     };
+    if q.head_progress().sent != 0 {
+        // A message going out in fragments: never aggregated.
+        return false;
+    }
     let room = cfg.max_payload();
     let mut used = 0usize;
     for m in q.iter() {
-        if m.dest != h.dest || m.reliable != h.reliable || m.sent != 0 {
+        if m.dest != h.dest || m.reliable != h.reliable {
             break;
         }
         used += MSG_HEADER_LEN + m.len as usize;
@@ -1535,29 +1536,23 @@ fn build_data_frame(
     }
     let payload = &mut buf[HEADERS_LEN..ETH_LEN + cfg.mtu];
     let mut messages = 0u32;
-    let whole_fits = head.sent == 0 && head.len as usize + MSG_HEADER_LEN <= room;
+    let prog = q.head_progress();
+    let whole_fits = prog.sent == 0 && head.len as usize + MSG_HEADER_LEN <= room;
     let plen;
     if cfg.aggregate && whole_fits {
         h.flags |= flags::AGGREGATED;
         let mut used = 0usize;
         let mut first_msn = None;
         let fence_before = conn.last_fwd;
-        while let Some(m) = q.head().copied() {
+        let mut count = 0usize;
+        for m in q.iter() {
             let need = MSG_HEADER_LEN + m.len as usize;
-            if m.dest != dest || m.reliable != reliable || m.sent != 0 || used + need > room {
+            if m.dest != dest || m.reliable != reliable || used + need > room {
                 break;
             }
-            let mut fl = 0u8;
-            if m.fences.backward {
-                fl |= msg_flags::BWD_FENCE;
-            }
-            if m.fences.forward {
-                fl |= msg_flags::FWD_FENCE;
-            }
-            let slot = &mut payload[used..used + need];
-            wire::write_msg_header(slot, m.len as u16, m.service, fl);
-            q.take(&mut slot[MSG_HEADER_LEN..]);
+            // Only the head can be partly sent, and then it is not aggregated (whole_fits).
             used += need;
+            count += 1;
             if reliable {
                 let msn = conn.next_msn;
                 conn.next_msn += 1;
@@ -1567,15 +1562,17 @@ fn build_data_frame(
                 }
                 conn.sent.on_framed(from, m.tag, seq);
             }
-            conn.queued = conn.queued.saturating_sub(1);
-            messages += 1;
         }
+        // The messages wait in wire form: the run is one copy.
+        q.take_aggregated(count, &mut payload[..used]);
+        conn.queued = conn.queued.saturating_sub(count);
+        messages = count as u32;
         plen = used;
         if let Some(msn) = first_msn {
             h.msn = seqnum::truncate(msn);
             h.fence = fence_distance(msn, fence_before);
         }
-    } else if head.sent == 0 && head.len as usize <= room {
+    } else if prog.sent == 0 && head.len as usize <= room {
         // One whole message, unaggregated.
         let len = head.len as usize;
         q.take(&mut payload[..len]);
@@ -1596,8 +1593,8 @@ fn build_data_frame(
     } else {
         // A fragment of a message larger than one frame (reliable only: short messages
         // were refused at send when they did not fit).
-        let (msn, wait_for) = match head.msn {
-            Some(m) => (m, head.wait_for),
+        let (msn, wait_for) = match prog.msn {
+            Some(m) => (m, prog.wait_for),
             None => {
                 let m = conn.next_msn;
                 conn.next_msn += 1;
@@ -1605,17 +1602,14 @@ fn build_data_frame(
                 if head.fences.forward {
                     conn.last_fwd = Some(m);
                 }
-                if let Some(hm) = q.head_mut() {
-                    hm.msn = Some(m);
-                    hm.wait_for = w;
-                }
+                q.set_head_msn(m, w);
                 (m, w)
             }
         };
-        let frag = head.sent / room as u32;
-        let left = (head.len - head.sent) as usize;
+        let frag = prog.sent / room as u32;
+        let left = (head.len - prog.sent) as usize;
         let len = left.min(room);
-        if head.sent == 0 {
+        if prog.sent == 0 {
             h.flags |= flags::FRAG_FIRST;
         }
         if left <= room {

@@ -202,11 +202,11 @@ impl SendWindow {
             self.rto_deadline = (self.una < self.next).then(|| now + self.rto());
         }
         let mut highest_sacked = None;
-        if let Some(bits) = sack {
-            for i in 0..64u64 {
-                if bits & (1 << i) == 0 {
-                    continue;
-                }
+        if let Some(mut bits) = sack {
+            // Only the set bits: every frame to a peer carries the bitmap, mostly empty.
+            while bits != 0 {
+                let i = u64::from(bits.trailing_zeros());
+                bits &= bits - 1;
                 let seq = cum + 1 + i;
                 if seq >= self.next {
                     break;
