@@ -385,7 +385,13 @@ impl Poller {
             }
             // Events before transmitting: a service has a message before the ACK of its
             // frame can leave (the delivery contract, docs/transport.md).
-            work += self.deliver_events();
+            let delivered = self.deliver_events();
+            work += delivered;
+            if delivered > 0 {
+                // What the services answered goes now, not after every service's poll: a
+                // request's answer waits for no other work (the round-trip time).
+                work += self.transmit();
+            }
             work += self.poll_services();
             self.sample_loads();
             work += self.transmit();

@@ -569,8 +569,11 @@ impl Node {
             {
                 Fate::Arrived(at) => {
                     frame = &mut frame[at..];
-                    h.route_len = 0;
-                    h.route_next = 0;
+                    // The header moved over the route: read it again as it now is.
+                    h = match FrameView::new_checked(frame).and_then(|v| Header::parse(&v)) {
+                        Ok(h) => h,
+                        Err(e) => return RxAction::Drop(refusal(e)),
+                    };
                 }
                 fate => return self.routed_on(fate, frame),
             }
@@ -715,7 +718,11 @@ impl Node {
             });
             return RxAction::Consumed;
         }
-        match self.transport.handle_frame(now, frame) {
+        let Ok(view) = FrameView::new_checked(frame) else {
+            return RxAction::Drop(DropReason::Malformed);
+        };
+        // Parsed once, here: the transport takes the header as it is.
+        match self.transport.handle_parsed(now, h, view) {
             Ok(()) => RxAction::Consumed,
             Err(RecvError::Wire(_)) => RxAction::Drop(DropReason::Malformed),
             Err(RecvError::FromSelf) => RxAction::Drop(DropReason::BadSource),

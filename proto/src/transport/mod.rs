@@ -882,9 +882,31 @@ impl Transport {
         r
     }
 
+    /// Handles a frame addressed to this server that the caller has checked and parsed
+    /// already (the engine does, to route it): the same as [`Transport::handle_frame`]
+    /// without parsing the header a second time.
+    pub fn handle_parsed(
+        &mut self,
+        now: Time,
+        h: &Header,
+        view: FrameView<'_>,
+    ) -> Result<(), RecvError> {
+        self.stats.frames_received += 1;
+        let r = self.handle_view(now, h, view);
+        if r.is_err() {
+            self.stats.dropped_frames += 1;
+        }
+        r
+    }
+
     fn handle_frame_inner(&mut self, now: Time, frame: &[u8]) -> Result<(), RecvError> {
         let view = FrameView::new_checked(frame)?;
         let h = Header::parse(&view)?;
+        self.handle_view(now, &h, view)
+    }
+
+    fn handle_view(&mut self, now: Time, h: &Header, view: FrameView<'_>) -> Result<(), RecvError> {
+        let h = *h;
         if h.dst != Dest::Server(self.local) {
             return Err(RecvError::NotForUs);
         }
