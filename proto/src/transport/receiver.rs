@@ -38,6 +38,9 @@ pub struct RecvConfig {
     pub nack_retry_min: Duration,
 }
 
+/// A delayed ACK waits at most this many `ack_delay`s after the first frame it covers.
+const ACK_DELAY_CAP: u32 = 4;
+
 /// Receive-side window state of one connection.
 #[derive(Debug)]
 pub struct RecvWindow {
@@ -51,7 +54,11 @@ pub struct RecvWindow {
     mask: u64,
     /// New frames since the last ACK went out (explicit or piggybacked).
     unacked: u32,
+    /// When the delayed ACK goes: `ack_delay` after the latest frame while frames keep
+    /// coming, but never later than [`ACK_DELAY_CAP`] delays after the first unacknowledged.
     ack_deadline: Option<Time>,
+    /// When the first frame no ACK has covered arrived.
+    ack_first: Option<Time>,
     ack_now: bool,
     /// Gaps below this have been NACKed at `last_nack`.
     nacked_upto: u64,
@@ -78,6 +85,7 @@ impl RecvWindow {
             mask: bits - 1,
             unacked: 0,
             ack_deadline: None,
+            ack_first: None,
             ack_now: false,
             nacked_upto: 0,
             last_nack: None,
@@ -146,8 +154,14 @@ impl RecvWindow {
         self.unacked += 1;
         if self.unacked >= self.cfg.ack_every {
             self.ack_now = true;
-        } else if self.ack_deadline.is_none() {
-            self.ack_deadline = Some(now + self.cfg.ack_delay);
+        } else {
+            // A stream that keeps coming is acknowledged by count (every `ack_every` frames),
+            // not every `ack_delay`: at jumbo-frame rates the count takes longer than the
+            // delay, and a timer from the first frame sent an ACK every 40 frames instead of
+            // 64. A frame that ends a burst is acknowledged `ack_delay` after it, as before.
+            let first = *self.ack_first.get_or_insert(now);
+            self.ack_deadline =
+                Some((now + self.cfg.ack_delay).min(first + self.cfg.ack_delay * ACK_DELAY_CAP));
         }
         Arrival::New
     }
@@ -189,6 +203,7 @@ impl RecvWindow {
     pub fn on_ack_sent(&mut self) {
         self.unacked = 0;
         self.ack_deadline = None;
+        self.ack_first = None;
         self.ack_now = false;
     }
 
