@@ -56,7 +56,7 @@ pub struct ServiceQueue {
     limit: usize,
     meta: VecDeque<Queued>,
     bytes: ByteRing,
-    /// Message bytes waiting (what the limit counts; the ring holds their headers too).
+    /// Message bytes waiting (the ring holds their headers too).
     data: usize,
     /// The head message's fragmentation.
     progress: HeadProgress,
@@ -193,7 +193,10 @@ impl FairQueue {
     pub fn push(&mut self, service: u16, q: Queued, data: &[u8]) -> Result<(), Full> {
         let i = self.slot(service);
         let sq = &mut self.queues[i];
-        if !sq.meta.is_empty() && sq.data + data.len() > sq.limit {
+        // The limit counts bytes as they wait, headers included: a ring of a power-of-two
+        // size that holds the limit's worth of data and its headers doubled past it (the
+        // simulator's engines took half as much memory again).
+        if !sq.meta.is_empty() && sq.bytes.len() + MSG_HEADER_LEN + data.len() > sq.limit {
             return Err(Full);
         }
         let mut fl = 0u8;

@@ -165,7 +165,8 @@ pub struct Config {
     pub agg_delay: Duration,
     /// Largest reliable message, in bytes.
     pub max_message: usize,
-    /// Bytes each service may have queued before `send` answers would-block.
+    /// Bytes each service may have queued before `send` answers would-block (each message
+    /// counts with its 6-byte aggregation header).
     pub queue_bytes: usize,
     /// Most peers a server keeps connections with (bounds memory under hostile input).
     pub max_peers: usize,
