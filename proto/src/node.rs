@@ -227,23 +227,9 @@ impl From<transport::Event> for Event {
 }
 
 /// An event borrowed from the engine ([`Node::poll_event_ref`]): a message the transport
-/// delivered is a slice of its inbox, valid until the next call on the engine.
-#[derive(Debug, PartialEq, Eq)]
-pub enum EventRef<'a> {
-    /// A message for a local service, its bytes borrowed.
-    Message {
-        /// Who sent it.
-        src: Coord,
-        /// The service it is for.
-        service: u16,
-        /// Its bytes.
-        data: &'a [u8],
-        /// Reliable, or short.
-        reliable: bool,
-    },
-    /// Any other event, messages the engine delivered itself included.
-    Other(Event),
-}
+/// delivered is a slice of its inbox, valid until the next call on the engine; any other
+/// event, messages the engine delivered itself included, is owned.
+pub type EventRef<'a> = transport::EventRef<'a, Event>;
 
 /// Where a message goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

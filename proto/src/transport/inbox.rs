@@ -35,9 +35,10 @@ enum Entry {
 }
 
 /// An event borrowed from the inbox: messages are slices of its arena, valid until the next
-/// call on the transport.
+/// call on the transport. `E` is the owned event type of whoever hands it out (the engine
+/// passes the transport's on with its own).
 #[derive(Debug, PartialEq, Eq)]
-pub enum EventRef<'a> {
+pub enum EventRef<'a, E = Event> {
     /// A message arrived.
     Message {
         /// The server that sent it.
@@ -50,7 +51,7 @@ pub enum EventRef<'a> {
         reliable: bool,
     },
     /// Any other event (and messages a placer handed back as owned bytes).
-    Other(Event),
+    Other(E),
 }
 
 impl EventRef<'_> {

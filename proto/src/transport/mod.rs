@@ -893,7 +893,7 @@ impl Transport {
         view: FrameView<'_>,
     ) -> Result<(), RecvError> {
         self.stats.frames_received += 1;
-        let r = self.handle_view(now, h, view);
+        let r = self.handle_view(now, *h, view);
         if r.is_err() {
             self.stats.dropped_frames += 1;
         }
@@ -903,11 +903,10 @@ impl Transport {
     fn handle_frame_inner(&mut self, now: Time, frame: &[u8]) -> Result<(), RecvError> {
         let view = FrameView::new_checked(frame)?;
         let h = Header::parse(&view)?;
-        self.handle_view(now, &h, view)
+        self.handle_view(now, h, view)
     }
 
-    fn handle_view(&mut self, now: Time, h: &Header, view: FrameView<'_>) -> Result<(), RecvError> {
-        let h = *h;
+    fn handle_view(&mut self, now: Time, h: Header, view: FrameView<'_>) -> Result<(), RecvError> {
         if h.dst != Dest::Server(self.local) {
             return Err(RecvError::NotForUs);
         }
