@@ -6,7 +6,7 @@ use std::time::Duration;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{
-    Config, Event, Fences, LinkSet, Outgoing, RecvError, SendError, Transport, TxKind,
+    Config, Event, Fences, LinkSet, Outgoing, Placer, RecvError, SendError, Transport, TxKind,
 };
 use torusnet_proto::wire::{self, Dest, FrameView, Header, Kind, HEADERS_LEN};
 
@@ -250,4 +250,89 @@ fn unreachable_peer_holds_its_messages_only() {
         .poll_transmit(t, LinkSet::first(1), &paths, &mut buf)
         .is_none());
     assert_eq!(a.queued_messages(), 1);
+}
+
+/// Records what it is handed; answers even first bytes with a message of its own and odd
+/// ones with nothing.
+struct LogPlacer(std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>);
+
+impl Placer for LogPlacer {
+    fn place(&mut self, _now: Time, _src: Coord, data: &[u8]) -> Option<Vec<u8>> {
+        if let Ok(mut seen) = self.0.lock() {
+            seen.push(data.to_vec());
+        }
+        let first = *data.first()?;
+        (first % 2 == 0).then(|| vec![b'p', first])
+    }
+}
+
+fn messages(t: &mut Transport) -> Vec<(u16, Vec<u8>)> {
+    std::iter::from_fn(|| t.poll_event())
+        .filter_map(|e| match e {
+            Event::Message { service, data, .. } => Some((service, data)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A service's placer takes its messages straight from their frames, in delivery order, and
+/// what it returns (if anything) is delivered instead; other services' messages in the same
+/// frame come through the inbox; a message a fence holds is placed only when the fence lets
+/// it go.
+#[test]
+fn placers_take_their_messages_in_delivery_order() {
+    let (mut a, mut b) = pair(Config::default());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    b.set_placer(5, Box::new(LogPlacer(seen.clone())));
+    let t = Time::ZERO;
+    // One sending service, messages for two: they share a frame.
+    for (service, data) in [(5u16, [0u8]), (6, [b'x']), (5, [1]), (5, [2])] {
+        let m = Outgoing {
+            from: 1,
+            ..msg(&data, service)
+        };
+        a.send(t, m).unwrap();
+    }
+    let frames = pump(&mut a, &mut b, t);
+    assert_eq!(frames.len(), 1, "one aggregated frame");
+    assert_eq!(
+        messages(&mut b),
+        [
+            (5, b"p\x00".to_vec()),
+            (6, b"x".to_vec()),
+            (5, b"p\x02".to_vec())
+        ]
+    );
+    assert_eq!(*seen.lock().unwrap(), [vec![0], vec![1], vec![2]]);
+
+    // A backward-fenced message for the placer overtakes the message before it: held, and
+    // placed once that one has been delivered.
+    seen.lock().unwrap().clear();
+    let mut buf = vec![0u8; 1514];
+    a.send(t, msg(b"first", 6)).unwrap();
+    let f1 = a
+        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf)
+        .map(|tx| buf[..tx.len].to_vec())
+        .unwrap();
+    let fenced = Outgoing {
+        fences: Fences {
+            backward: true,
+            forward: false,
+        },
+        ..msg(&[4], 5)
+    };
+    a.send(t, fenced).unwrap();
+    let f2 = a
+        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf)
+        .map(|tx| buf[..tx.len].to_vec())
+        .unwrap();
+    b.handle_frame(t, &f2).unwrap();
+    assert!(seen.lock().unwrap().is_empty(), "held by its fence");
+    assert!(messages(&mut b).is_empty());
+    b.handle_frame(t, &f1).unwrap();
+    assert_eq!(
+        messages(&mut b),
+        [(6, b"first".to_vec()), (5, b"p\x04".to_vec())]
+    );
+    assert_eq!(*seen.lock().unwrap(), [vec![4]]);
 }
