@@ -203,17 +203,30 @@ pub struct Poller {
     transit: Transit,
 }
 
+/// Transmit slots a poller with `ports` links needs when its frames span
+/// `chunks_per_frame` chunks (none for single-chunk frames): every port's TX queue full
+/// while a batch is built. Its UMEM holds them on top of the chunks configured for
+/// receiving and forwarding.
+pub fn tx_slots(ports: usize, chunks_per_frame: u32) -> u32 {
+    if chunks_per_frame < 2 {
+        return 0;
+    }
+    ports.max(1) as u32 * (TX_QUEUE_LIMIT / chunks_per_frame + 1) + BATCH
+}
+
 impl Poller {
     /// Poller `shard` over these ports (with their global link indices), all sharing `umem`.
     pub fn new(
         shard: usize,
         node: Node,
-        umem: Umem,
+        mut umem: Umem,
         ports: Vec<(usize, Port)>,
         shared: Arc<Shared>,
         mtu: usize,
     ) -> Poller {
         let (link_idx, ports): (Vec<usize>, Vec<Port>) = ports.into_iter().unzip();
+        let chunks_per_frame = (mtu + 14).div_ceil(CHUNK) as u32;
+        umem.reserve_tx_slots(tx_slots(ports.len(), chunks_per_frame), chunks_per_frame);
         let mut by_dir = [None; 6];
         for (i, p) in ports.iter().enumerate() {
             by_dir[usize::from(p.dir.index())] = Some(i);
@@ -235,7 +248,7 @@ impl Poller {
             shared,
             epoch: Instant::now(),
             mtu,
-            chunks_per_frame: (mtu + 14).div_ceil(CHUNK) as u32,
+            chunks_per_frame,
             fill_target,
             pending: None,
             inboxes: HashMap::new(),
@@ -962,14 +975,48 @@ impl Poller {
                 }
             }
             let room = DirSet::from_bits(room.bits() & !reserved.bits());
-            if room.is_empty() || self.umem.free_chunks() < self.chunks_per_frame as usize {
+            // Frames larger than a chunk always have slots: the configuration's smallest
+            // UMEM (256 chunks over at most six pollers) gives every poller several.
+            let in_place = self.chunks_per_frame > 1;
+            let free = if in_place {
+                self.umem.free_slots() > 0
+            } else {
+                self.umem.free_chunks() >= self.chunks_per_frame as usize
+            };
+            if room.is_empty() || !free {
                 break;
             }
             let now = self.now();
             // A frame's descriptors, on the stack: an allocation per frame sent showed in
             // the latency of every round trip.
             let mut descs = [XdpDesc::default(); MAX_FRAME_CHUNKS];
-            let out = if self.chunks_per_frame == 1 {
+            let out = if in_place {
+                // Built where it is sent: the slot's chunks are adjacent, so the frame is
+                // written once and its descriptors are the chunks it covers.
+                let Some(base) = self.umem.alloc_slot() else {
+                    break;
+                };
+                let buf = self.umem.slice_mut(base, self.mtu + 14);
+                match self.node.poll_transmit(now, room, buf) {
+                    Some((dir, len)) => {
+                        let n = len.div_ceil(CHUNK).clamp(1, MAX_FRAME_CHUNKS);
+                        for (k, d) in descs[..n].iter_mut().enumerate() {
+                            let at = k * CHUNK;
+                            *d = XdpDesc {
+                                addr: base + at as u64,
+                                len: len.saturating_sub(at).min(CHUNK) as u32,
+                                options: if k + 1 < n { XDP_PKT_CONTD } else { 0 },
+                            };
+                        }
+                        self.umem.commit_slot(base, n as u32);
+                        Some((dir, n))
+                    }
+                    None => {
+                        self.umem.commit_slot(base, 0);
+                        None
+                    }
+                }
+            } else {
                 let Some(addr) = self.umem.alloc() else { break };
                 let buf = self.umem.slice_mut(addr, CHUNK);
                 match self.node.poll_transmit(now, room, buf) {
@@ -986,31 +1033,6 @@ impl Poller {
                         None
                     }
                 }
-            } else {
-                let mut scratch = std::mem::take(&mut self.scratch);
-                let r = self
-                    .node
-                    .poll_transmit(now, room, &mut scratch[..self.mtu + 14]);
-                let out = r.map(|(dir, len)| {
-                    let mut n = 0;
-                    for part in scratch[..len].chunks(CHUNK).take(MAX_FRAME_CHUNKS) {
-                        if let Some(addr) = self.umem.alloc() {
-                            self.umem.slice_mut(addr, part.len()).copy_from_slice(part);
-                            descs[n] = XdpDesc {
-                                addr,
-                                len: part.len() as u32,
-                                options: XDP_PKT_CONTD,
-                            };
-                            n += 1;
-                        }
-                    }
-                    if n > 0 {
-                        descs[n - 1].options = 0;
-                    }
-                    (dir, n)
-                });
-                self.scratch = scratch;
-                out
             };
             let Some((dir, n)) = out else { break };
             let descs = &descs[..n];

@@ -833,9 +833,13 @@ impl Dataplane {
             ..SocketConfig::default()
         };
         let mut umems = Vec::new();
-        for _ in 0..nshards {
+        for shard in 0..nshards {
+            // Links go to pollers round-robin (below); jumbo frames are sent from slots
+            // that come on top of the configured chunks.
+            let links = (shard..cfg.links.len()).step_by(nshards).count();
+            let slots = crate::poller::tx_slots(links, chunks_per_frame as u32);
             umems.push(
-                Umem::new(cfg.umem_chunks / nshards as u32)
+                Umem::new(cfg.umem_chunks / nshards as u32 + slots * chunks_per_frame as u32)
                     .map_err(|e| StartError::Link(format!("UMEM: {e}")))?,
             );
         }

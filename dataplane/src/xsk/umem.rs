@@ -16,6 +16,33 @@ pub struct Umem {
     map: Mmap,
     chunks: u32,
     free: Vec<u64>,
+    slots: Option<TxSlots>,
+}
+
+/// Runs of adjacent chunks at the top of the UMEM, each one frame larger than a chunk
+/// written in place: the transport builds a jumbo frame straight into a slot, and its
+/// descriptors point at the slot's chunks, where chained single chunks would need the frame
+/// built elsewhere and copied in pieces (one 9 KB copy per frame sent).
+#[derive(Debug)]
+struct TxSlots {
+    /// Address of the first slot.
+    start: u64,
+    /// Chunks per slot.
+    per: u32,
+    /// Chunks of each slot the kernel still holds; the slot is free again at zero.
+    outstanding: Vec<u32>,
+    free: Vec<u32>,
+}
+
+impl TxSlots {
+    fn bytes(&self) -> u64 {
+        u64::from(self.per) * CHUNK as u64
+    }
+
+    fn index(&self, addr: u64) -> Option<usize> {
+        let i = (addr.checked_sub(self.start)? / self.bytes()) as usize;
+        (i < self.outstanding.len()).then_some(i)
+    }
 }
 
 impl Umem {
@@ -26,7 +53,65 @@ impl Umem {
             .rev()
             .map(|i| i * CHUNK as u64)
             .collect();
-        Ok(Umem { map, chunks, free })
+        Ok(Umem {
+            map,
+            chunks,
+            free,
+            slots: None,
+        })
+    }
+
+    /// Sets aside `slots` runs of `per` adjacent chunks at the top of the region for frames
+    /// transmitted from one place ([`Umem::alloc_slot`]); the chunks left are the free list's.
+    /// At most half the chunks go to slots. Returns the slots made. Call once, before any
+    /// chunk is handed out.
+    pub fn reserve_tx_slots(&mut self, slots: u32, per: u32) -> u32 {
+        if per < 2 || self.slots.is_some() {
+            return 0;
+        }
+        let slots = slots.min(self.chunks / 2 / per);
+        if slots == 0 {
+            return 0;
+        }
+        let general = self.chunks - slots * per;
+        let start = u64::from(general) * CHUNK as u64;
+        self.free.retain(|&a| a < start);
+        self.chunks = general;
+        self.slots = Some(TxSlots {
+            start,
+            per,
+            outstanding: vec![0; slots as usize],
+            free: (0..slots).rev().collect(),
+        });
+        slots
+    }
+
+    /// A free slot's address (its first chunk's), if any: [`Umem::slot_len`] writable bytes.
+    pub fn alloc_slot(&mut self) -> Option<u64> {
+        let s = self.slots.as_mut()?;
+        let i = s.free.pop()?;
+        Some(s.start + u64::from(i) * s.bytes())
+    }
+
+    /// Bytes in a slot (0 without slots).
+    pub fn slot_len(&self) -> usize {
+        self.slots.as_ref().map_or(0, |s| s.bytes() as usize)
+    }
+
+    /// Free slots.
+    pub fn free_slots(&self) -> usize {
+        self.slots.as_ref().map_or(0, |s| s.free.len())
+    }
+
+    /// The slot at `base` was handed to the kernel as `chunks` descriptors, one per chunk
+    /// from its first: it is free again when all of them have been released.
+    pub fn commit_slot(&mut self, base: u64, chunks: u32) {
+        let Some(s) = self.slots.as_mut() else { return };
+        match s.index(base) {
+            Some(i) if chunks > 0 => s.outstanding[i] = chunks.min(s.per),
+            Some(i) => s.free.push(i as u32),
+            None => {}
+        }
     }
 
     /// Start address of the region (for XDP_UMEM_REG).
@@ -44,7 +129,7 @@ impl Umem {
         self.map.is_empty()
     }
 
-    /// Number of chunks.
+    /// Number of chunks, outside the transmit slots.
     pub fn chunks(&self) -> u32 {
         self.chunks
     }
@@ -54,8 +139,22 @@ impl Umem {
         self.free.pop()
     }
 
-    /// Returns a chunk (any address inside it) to the free list.
+    /// Returns a chunk (any address inside it) to the free list, or to its slot.
     pub fn release(&mut self, addr: u64) {
+        if let Some(s) = self.slots.as_mut() {
+            if addr >= s.start {
+                if let Some(i) = s.index(addr) {
+                    // A release the slot does not expect (a confused kernel) changes nothing.
+                    if s.outstanding[i] > 0 {
+                        s.outstanding[i] -= 1;
+                        if s.outstanding[i] == 0 {
+                            s.free.push(i as u32);
+                        }
+                    }
+                }
+                return;
+            }
+        }
         self.free.push(addr - addr % CHUNK as u64);
     }
 
@@ -87,5 +186,68 @@ impl Umem {
         }
         // SAFETY: as above, and &mut self makes it exclusive on our side.
         unsafe { std::slice::from_raw_parts_mut(self.map.ptr().add(addr as usize), len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_adjacent_chunks_apart_from_the_free_list() {
+        let mut u = Umem::new(64).expect("umem");
+        assert_eq!(u.reserve_tx_slots(8, 3), 8);
+        assert_eq!(u.chunks(), 64 - 24);
+        assert_eq!(u.free_chunks(), 40);
+        assert_eq!(u.slot_len(), 3 * CHUNK);
+        let mut seen = Vec::new();
+        while let Some(a) = u.alloc() {
+            assert!(a < 40 * CHUNK as u64);
+            seen.push(a);
+        }
+        assert_eq!(seen.len(), 40);
+        let base = u.alloc_slot().expect("slot");
+        let first = 40 * CHUNK as u64;
+        assert!(base >= first && (base - first).is_multiple_of(3 * CHUNK as u64));
+        assert_eq!(u.slice_mut(base, u.slot_len()).len(), 3 * CHUNK);
+        assert_eq!(u.free_slots(), 7);
+    }
+
+    #[test]
+    fn a_slot_is_free_again_when_every_chunk_it_sent_is_back() {
+        let mut u = Umem::new(64).expect("umem");
+        u.reserve_tx_slots(2, 3);
+        let a = u.alloc_slot().expect("slot");
+        let b = u.alloc_slot().expect("slot");
+        assert_eq!(u.alloc_slot(), None);
+        u.commit_slot(a, 3);
+        u.commit_slot(b, 1);
+        u.release(b + 10);
+        assert_eq!(u.free_slots(), 1);
+        u.release(a);
+        u.release(a + CHUNK as u64);
+        assert_eq!(u.free_slots(), 1);
+        // Released twice by mistake: counted once.
+        u.release(b);
+        assert_eq!(u.free_slots(), 1);
+        u.release(a + 2 * CHUNK as u64 + 5);
+        assert_eq!(u.free_slots(), 2);
+        // General chunks are untouched by slot traffic.
+        assert_eq!(u.free_chunks(), 64 - 6);
+        // A slot not used is given back whole.
+        let c = u.alloc_slot().expect("slot");
+        u.commit_slot(c, 0);
+        assert_eq!(u.free_slots(), 2);
+    }
+
+    #[test]
+    fn slots_take_at_most_half_and_only_for_multi_chunk_frames() {
+        let mut u = Umem::new(60).expect("umem");
+        assert_eq!(u.reserve_tx_slots(1000, 3), 10);
+        assert_eq!(u.chunks(), 30);
+        let mut v = Umem::new(60).expect("umem");
+        assert_eq!(v.reserve_tx_slots(10, 1), 0);
+        assert_eq!(v.alloc_slot(), None);
+        assert_eq!(v.chunks(), 60);
     }
 }
