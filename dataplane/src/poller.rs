@@ -13,7 +13,7 @@ use torusnet_proto::node::{Event, EventRef, Node, RxAction, Target};
 use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Dir, DirSet};
-use torusnet_proto::transport::{FailReason, SendError};
+use torusnet_proto::transport::{FailReason, Keep, SendError};
 use torusnet_proto::wire::{Dest, FrameView, Header, Kind, HEADERS_LEN};
 
 use crate::config::Polling;
@@ -172,6 +172,10 @@ pub struct Poller {
     epoch: Instant,
     mtu: usize,
     chunks_per_frame: u32,
+    /// Transmit slots kept free of retransmission copies ([`sending_slots`]).
+    sending_slots: usize,
+    /// Slots the transport has just let go of (reused buffer).
+    released: Vec<u32>,
     fill_target: u32,
     /// A command the engine could not take yet (its queue was full).
     pending: Option<Command>,
@@ -205,14 +209,25 @@ pub struct Poller {
 
 /// Transmit slots a poller with `ports` links needs when its frames span
 /// `chunks_per_frame` chunks (none for single-chunk frames): every port's TX queue full
-/// while a batch is built. Its UMEM holds them on top of the chunks configured for
-/// receiving and forwarding.
+/// while a batch is built ([`sending_slots`]), and a window of frames the transport keeps
+/// for retransmission where they were sent ([`KEPT_SLOTS`]). Its UMEM holds them on top of
+/// the chunks configured for receiving and forwarding.
 pub fn tx_slots(ports: usize, chunks_per_frame: u32) -> u32 {
     if chunks_per_frame < 2 {
         return 0;
     }
+    sending_slots(ports, chunks_per_frame) + KEPT_SLOTS
+}
+
+/// Slots that are never kept for retransmission, so that frames (ACKs above all) can always
+/// be sent: kept frames are freed by acknowledgements, which need frames sent both ways.
+fn sending_slots(ports: usize, chunks_per_frame: u32) -> u32 {
     ports.max(1) as u32 * (TX_QUEUE_LIMIT / chunks_per_frame + 1) + BATCH
 }
+
+/// Jumbo frames kept in their slots for retransmission, at most: one default window (512
+/// frames) in flight; beyond it, the transport keeps copies.
+const KEPT_SLOTS: u32 = 512;
 
 impl Poller {
     /// Poller `shard` over these ports (with their global link indices), all sharing `umem`.
@@ -227,6 +242,7 @@ impl Poller {
         let (link_idx, ports): (Vec<usize>, Vec<Port>) = ports.into_iter().unzip();
         let chunks_per_frame = (mtu + 14).div_ceil(CHUNK) as u32;
         umem.reserve_tx_slots(tx_slots(ports.len(), chunks_per_frame), chunks_per_frame);
+        let sending_slots = sending_slots(ports.len(), chunks_per_frame) as usize;
         let mut by_dir = [None; 6];
         for (i, p) in ports.iter().enumerate() {
             by_dir[usize::from(p.dir.index())] = Some(i);
@@ -249,6 +265,8 @@ impl Poller {
             epoch: Instant::now(),
             mtu,
             chunks_per_frame,
+            sending_slots,
+            released: Vec::new(),
             fill_target,
             pending: None,
             inboxes: HashMap::new(),
@@ -391,6 +409,7 @@ impl Poller {
             for i in 0..self.ports.len() {
                 work += self.receive(i);
             }
+            self.unhold_released();
             self.state_rx_room();
             let now = self.now();
             if self.node.poll_timeout().is_some_and(|t| t <= now) {
@@ -996,9 +1015,19 @@ impl Poller {
                 let Some(base) = self.umem.alloc_slot() else {
                     break;
                 };
+                // The transport may keep the frame here for retransmission instead of a
+                // copy, while slots are plentiful.
+                let handle = (self.umem.free_slots() >= self.sending_slots)
+                    .then(|| self.umem.slot_handle(base))
+                    .flatten();
+                let frames = self.umem.slot_frames();
+                let keep = Keep {
+                    handle,
+                    frames: &frames,
+                };
                 let buf = self.umem.slice_mut(base, self.mtu + 14);
-                match self.node.poll_transmit(now, room, buf) {
-                    Some((dir, len)) => {
+                match self.node.poll_transmit_keeping(now, room, buf, Some(keep)) {
+                    Some((dir, len, kept)) => {
                         let n = len.div_ceil(CHUNK).clamp(1, MAX_FRAME_CHUNKS);
                         for (k, d) in descs[..n].iter_mut().enumerate() {
                             let at = k * CHUNK;
@@ -1008,11 +1037,11 @@ impl Poller {
                                 options: if k + 1 < n { XDP_PKT_CONTD } else { 0 },
                             };
                         }
-                        self.umem.commit_slot(base, n as u32);
+                        self.umem.commit_slot(base, n as u32, kept);
                         Some((dir, n))
                     }
                     None => {
-                        self.umem.commit_slot(base, 0);
+                        self.umem.commit_slot(base, 0, false);
                         None
                     }
                 }
@@ -1063,6 +1092,15 @@ impl Poller {
             p.unkicked = 0;
         }
         sent
+    }
+
+    /// Frees the transmit slots whose frames the transport no longer keeps (acknowledged,
+    /// or their connection ended).
+    fn unhold_released(&mut self) {
+        self.node.take_released(&mut self.released);
+        for h in self.released.drain(..) {
+            self.umem.unhold(h);
+        }
     }
 
     /// Tells the engine how many more frames this poller's rings can take (receiver

@@ -725,29 +725,57 @@ impl Node {
         room: DirSet,
         buf: &mut [u8],
     ) -> Option<(Dir, usize)> {
+        self.poll_transmit_keeping(now, room, buf, None)
+            .map(|(d, n, _)| (d, n))
+    }
+
+    /// As [`Node::poll_transmit`], for a driver that can keep `buf` (AF_XDP's UMEM): the
+    /// third value says the transport kept the buffer for retransmission, to be held until
+    /// [`Node::take_released`] names it. Frames are not kept while source routing is on (the
+    /// route is written into the frame after the transport built it).
+    pub fn poll_transmit_keeping(
+        &mut self,
+        now: Time,
+        room: DirSet,
+        buf: &mut [u8],
+        keep: Option<transport::Keep<'_>>,
+    ) -> Option<(Dir, usize, bool)> {
         self.last_now = self.last_now.max(now);
         let room_links = LinkSet(room.bits());
         if let Some(t) = self
             .source
             .poll_transmit(&self.view, &self.routes, room, buf)
         {
-            return Some(t);
+            return Some((t.0, t.1, false));
         }
-        if let Some(t) = self.poll_key(room, buf) {
-            return Some(t);
+        if let Some((d, n)) = self.poll_key(room, buf) {
+            return Some((d, n, false));
         }
         let paths = NodePaths {
             routes: &self.routes,
             source: &self.source,
         };
-        let t = self.transport.poll_transmit(now, room_links, &paths, buf)?;
+        let stamped = self.source.is_enabled();
+        let keep = keep.map(|k| transport::Keep {
+            handle: k.handle.filter(|_| !stamped),
+            ..k
+        });
+        let t = self
+            .transport
+            .poll_transmit_keeping(now, room_links, &paths, buf, keep)?;
         let dir = Dir::from_index(t.link)?;
-        let len = if self.source.is_enabled() {
+        let len = if stamped {
             self.source.stamp(buf, t.len, dir, t.service)
         } else {
             t.len
         };
-        Some((dir, len))
+        Some((dir, len, t.kept))
+    }
+
+    /// Moves the handles of the driver's buffers the transport no longer keeps into `out`
+    /// ([`Node::poll_transmit_keeping`]).
+    pub fn take_released(&mut self, out: &mut Vec<u32>) {
+        self.transport.take_released(out);
     }
 
     fn poll_key(&mut self, room: DirSet, buf: &mut [u8]) -> Option<(Dir, usize)> {

@@ -5,6 +5,8 @@
 
 use std::io;
 
+use torusnet_proto::transport::KeptFrames;
+
 use super::sys::Mmap;
 
 /// Chunk size: the largest the kernel allows (frames above it are multi-buffer).
@@ -29,8 +31,10 @@ struct TxSlots {
     start: u64,
     /// Chunks per slot.
     per: u32,
-    /// Chunks of each slot the kernel still holds; the slot is free again at zero.
+    /// Chunks of each slot the kernel still holds.
     outstanding: Vec<u32>,
+    /// Slots whose frame the transport keeps for retransmission (until acknowledged).
+    held: Vec<bool>,
     free: Vec<u32>,
 }
 
@@ -42,6 +46,49 @@ impl TxSlots {
     fn index(&self, addr: u64) -> Option<usize> {
         let i = (addr.checked_sub(self.start)? / self.bytes()) as usize;
         (i < self.outstanding.len()).then_some(i)
+    }
+
+    /// Frees slot `i` if neither the kernel nor the transport holds it.
+    fn settle(&mut self, i: usize) {
+        if self.outstanding[i] == 0 && !self.held[i] {
+            self.free.push(i as u32);
+        }
+    }
+}
+
+/// Reads frames kept in transmit slots back for the transport's retransmissions
+/// ([`KeptFrames`]), while another slot is being written: it holds the region's address
+/// rather than a borrow of the [`Umem`].
+#[derive(Debug, Clone, Copy)]
+pub struct SlotFrames {
+    base: *const u8,
+    map_len: usize,
+    start: u64,
+    bytes: u64,
+    slots: u32,
+}
+
+impl KeptFrames for SlotFrames {
+    fn copy_kept(&self, handle: u32, offset: usize, to: &mut [u8]) -> bool {
+        if handle >= self.slots || offset.saturating_add(to.len()) > self.bytes as usize {
+            return false;
+        }
+        let from = (self.start + u64::from(handle) * self.bytes) as usize + offset;
+        if from + to.len() > self.map_len {
+            return false;
+        }
+        // SAFETY: `from..from + to.len()` lies inside the live mapping (checked above); the
+        // slot is held for the transport, so nothing writes it, and it is not `to`: a
+        // destination that overlaps it is refused here.
+        unsafe {
+            let src = self.base.add(from);
+            let dst = to.as_mut_ptr() as *const u8;
+            if dst < src.add(to.len()) && src < dst.add(to.len()) {
+                return false;
+            }
+            std::ptr::copy_nonoverlapping(src, to.as_mut_ptr(), to.len());
+        }
+        true
     }
 }
 
@@ -81,6 +128,7 @@ impl Umem {
             start,
             per,
             outstanding: vec![0; slots as usize],
+            held: vec![false; slots as usize],
             free: (0..slots).rev().collect(),
         });
         slots
@@ -104,13 +152,52 @@ impl Umem {
     }
 
     /// The slot at `base` was handed to the kernel as `chunks` descriptors, one per chunk
-    /// from its first: it is free again when all of them have been released.
-    pub fn commit_slot(&mut self, base: u64, chunks: u32) {
+    /// from its first, and `held` for the transport (its frame kept for retransmission): it
+    /// is free again when all of them have been released and the transport lets it go
+    /// ([`Umem::unhold`]).
+    pub fn commit_slot(&mut self, base: u64, chunks: u32, held: bool) {
         let Some(s) = self.slots.as_mut() else { return };
-        match s.index(base) {
-            Some(i) if chunks > 0 => s.outstanding[i] = chunks.min(s.per),
-            Some(i) => s.free.push(i as u32),
-            None => {}
+        if let Some(i) = s.index(base) {
+            s.outstanding[i] = chunks.min(s.per);
+            s.held[i] = held;
+            s.settle(i);
+        }
+    }
+
+    /// The name the transport knows the slot at `base` by.
+    pub fn slot_handle(&self, base: u64) -> Option<u32> {
+        let s = self.slots.as_ref()?;
+        s.index(base).map(|i| i as u32)
+    }
+
+    /// The transport no longer keeps slot `handle`'s frame.
+    pub fn unhold(&mut self, handle: u32) {
+        let Some(s) = self.slots.as_mut() else { return };
+        let i = handle as usize;
+        if s.held.get(i) == Some(&true) {
+            s.held[i] = false;
+            s.settle(i);
+        }
+    }
+
+    /// Slots held for the transport.
+    pub fn held_slots(&self) -> usize {
+        self.slots
+            .as_ref()
+            .map_or(0, |s| s.held.iter().filter(|h| **h).count())
+    }
+
+    /// A reader of kept slots for the transport's retransmissions.
+    pub fn slot_frames(&self) -> SlotFrames {
+        let (start, bytes, slots) = self.slots.as_ref().map_or((0, 0, 0), |s| {
+            (s.start, s.bytes(), s.outstanding.len() as u32)
+        });
+        SlotFrames {
+            base: self.map.ptr(),
+            map_len: self.map.len(),
+            start,
+            bytes,
+            slots,
         }
     }
 
@@ -147,9 +234,7 @@ impl Umem {
                     // A release the slot does not expect (a confused kernel) changes nothing.
                     if s.outstanding[i] > 0 {
                         s.outstanding[i] -= 1;
-                        if s.outstanding[i] == 0 {
-                            s.free.push(i as u32);
-                        }
+                        s.settle(i);
                     }
                 }
                 return;
@@ -220,8 +305,8 @@ mod tests {
         let a = u.alloc_slot().expect("slot");
         let b = u.alloc_slot().expect("slot");
         assert_eq!(u.alloc_slot(), None);
-        u.commit_slot(a, 3);
-        u.commit_slot(b, 1);
+        u.commit_slot(a, 3, false);
+        u.commit_slot(b, 1, false);
         u.release(b + 10);
         assert_eq!(u.free_slots(), 1);
         u.release(a);
@@ -236,7 +321,7 @@ mod tests {
         assert_eq!(u.free_chunks(), 64 - 6);
         // A slot not used is given back whole.
         let c = u.alloc_slot().expect("slot");
-        u.commit_slot(c, 0);
+        u.commit_slot(c, 0, false);
         assert_eq!(u.free_slots(), 2);
     }
 
@@ -249,5 +334,38 @@ mod tests {
         assert_eq!(v.reserve_tx_slots(10, 1), 0);
         assert_eq!(v.alloc_slot(), None);
         assert_eq!(v.chunks(), 60);
+    }
+
+    #[test]
+    fn a_held_slot_waits_for_the_transport_and_reads_back() {
+        let mut u = Umem::new(64).expect("umem");
+        u.reserve_tx_slots(2, 3);
+        let a = u.alloc_slot().expect("slot");
+        let h = u.slot_handle(a).expect("handle");
+        u.slice_mut(a, 20).copy_from_slice(&[9u8; 20]);
+        u.commit_slot(a, 1, true);
+        u.release(a);
+        // The kernel is done, the transport is not.
+        assert_eq!(u.free_slots(), 1);
+        assert_eq!(u.held_slots(), 1);
+        let frames = u.slot_frames();
+        let b = u.alloc_slot().expect("slot");
+        let to = u.slice_mut(b, 6);
+        assert!(frames.copy_kept(h, 14, to));
+        assert_eq!(to, &[9u8; 6]);
+        // Reading a slot into itself is refused.
+        let to = u.slice_mut(a, 6);
+        assert!(!frames.copy_kept(h, 0, to));
+        assert!(!frames.copy_kept(7, 0, &mut [0u8; 4]));
+        u.unhold(h);
+        assert_eq!(u.free_slots(), 1);
+        assert_eq!(u.held_slots(), 0);
+        // Released by the transport before the kernel: free when the kernel is done too.
+        u.commit_slot(b, 2, true);
+        u.unhold(u.slot_handle(b).expect("handle"));
+        u.release(b);
+        assert_eq!(u.free_slots(), 1);
+        u.release(b + CHUNK as u64);
+        assert_eq!(u.free_slots(), 2);
     }
 }

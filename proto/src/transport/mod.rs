@@ -32,6 +32,7 @@ pub mod connection;
 pub mod delivery;
 pub mod fair_queue;
 pub mod inbox;
+pub mod kept;
 pub mod lifecycle;
 pub mod pacing;
 pub mod pool;
@@ -51,6 +52,8 @@ use delivery::{DeliveryError, Release};
 use fair_queue::{FairQueue, Queued};
 pub use inbox::EventRef;
 use inbox::Inbox;
+pub use kept::{Keep, KeptFrames};
+use kept::{KeptFrame, Resend};
 pub use lifecycle::FailReason;
 use lifecycle::{LifecycleConfig, SyncOutcome};
 use pacing::RxPacing;
@@ -365,6 +368,9 @@ pub struct Transmit {
     /// For a data frame, the service that sent its messages (whose routing mode applies);
     /// `None` for the connection's own frames (ACK, NACK, SYNC, retransmissions).
     pub service: Option<u16>,
+    /// The transport keeps the buffer the frame was built in (the [`Keep`] handle offered):
+    /// the driver holds it until [`Transport::take_released`] names it.
+    pub kept: bool,
 }
 
 /// Kinds of frame the transport sends.
@@ -1110,6 +1116,7 @@ impl Transport {
             buf[HEADERS_LEN + 8] = SYNC_ANNOUNCE;
             self.stats.sync_frames += 1;
             return Some(Transmit {
+                kept: false,
                 link,
                 len: HEADERS_LEN + SYNC_PAYLOAD,
                 kind: TxKind::Sync,
@@ -1295,6 +1302,21 @@ impl Transport {
         paths: &impl Paths,
         buf: &mut [u8],
     ) -> Option<Transmit> {
+        self.poll_transmit_keeping(now, room, paths, buf, None)
+    }
+
+    /// As [`Transport::poll_transmit`], for a driver that can keep the buffer: a new
+    /// reliable frame built in `buf` is kept there (`Transmit::kept`) instead of copied, when
+    /// `keep` offers a handle; retransmissions of kept frames are read back through `keep`.
+    /// A driver that passes `keep` once must pass it on every call while it has kept frames.
+    pub fn poll_transmit_keeping(
+        &mut self,
+        now: Time,
+        room: LinkSet,
+        paths: &impl Paths,
+        buf: &mut [u8],
+        keep: Option<Keep<'_>>,
+    ) -> Option<Transmit> {
         self.last_now = self.last_now.max(now);
         if room.is_empty() || buf.len() < ETH_LEN + self.cfg.mtu.max(TORUS_LEN) {
             return None;
@@ -1302,10 +1324,16 @@ impl Transport {
         if let Some(t) = self.poll_announce(room, paths, buf) {
             return Some(t);
         }
-        if let Some(t) = self.poll_urgent(now, room, paths, buf) {
+        if let Some(t) = self.poll_urgent(now, room, paths, buf, keep) {
             return Some(t);
         }
-        self.poll_data(now, room, paths, buf)
+        self.poll_data(now, room, paths, buf, keep)
+    }
+
+    /// Moves the handles of the driver's buffers the transport no longer keeps (their frames
+    /// were acknowledged, or their connection reset) into `out`: the driver may reuse them.
+    pub fn take_released(&mut self, out: &mut Vec<u32>) {
+        self.pool.take_released(out);
     }
 
     fn poll_urgent(
@@ -1314,6 +1342,7 @@ impl Transport {
         room: LinkSet,
         paths: &impl Paths,
         buf: &mut [u8],
+        keep: Option<Keep<'_>>,
     ) -> Option<Transmit> {
         for _ in 0..self.urgent.len() {
             let peer = self.urgent.pop_front()?;
@@ -1337,6 +1366,24 @@ impl Transport {
             };
             let local = self.local;
             grant(&self.pacing, &mut self.starved, c);
+            // A frame to send again is copied into `buf` first: from the transport's copy,
+            // or read back from the driver (a kept frame the driver cannot give back is left
+            // for the timeout; an ACK goes instead).
+            let resent = if sync {
+                None
+            } else {
+                match c.send.next_retransmit(now) {
+                    Some(Resend::Bytes(b)) => buf.get_mut(ETH_LEN..ETH_LEN + b.len()).map(|to| {
+                        to.copy_from_slice(b);
+                        b.len()
+                    }),
+                    Some(Resend::Driver { handle, len }) => keep.and_then(|k| {
+                        let to = buf.get_mut(ETH_LEN..ETH_LEN + len)?;
+                        k.frames.copy_kept(handle, ETH_LEN, to).then_some(len)
+                    }),
+                    None => None,
+                }
+            };
             let t = if sync {
                 let mut h = Header::new(Kind::Sync, local, Dest::Server(peer));
                 h.conn = c.life.cid();
@@ -1352,15 +1399,15 @@ impl Transport {
                 c.life.on_sync_sent(now);
                 self.stats.sync_frames += 1;
                 Transmit {
+                    kept: false,
                     link,
                     len: HEADERS_LEN + SYNC_PAYLOAD,
                     kind: TxKind::Sync,
                     messages: 0,
                     service: None,
                 }
-            } else if let Some(bytes) = c.send.next_retransmit(now) {
-                let len = ETH_LEN + bytes.len();
-                buf[ETH_LEN..len].copy_from_slice(bytes);
+            } else if let Some(n) = resent {
+                let len = ETH_LEN + n;
                 buf[wire::offset::ETHERTYPE..wire::offset::ETHERTYPE + 2]
                     .copy_from_slice(&wire::ETHERTYPE_DATA.to_be_bytes());
                 refresh_ack(buf, c);
@@ -1371,6 +1418,7 @@ impl Transport {
                     .copy_from_slice(&fl.to_be_bytes());
                 self.stats.retransmitted_frames += 1;
                 Transmit {
+                    kept: false,
                     link,
                     len,
                     kind: TxKind::Retransmit,
@@ -1395,6 +1443,7 @@ impl Transport {
                     self.stats.ack_frames += 1;
                 }
                 Transmit {
+                    kept: false,
                     link,
                     len: HEADERS_LEN,
                     kind: if nack { TxKind::Nack } else { TxKind::Ack },
@@ -1423,6 +1472,7 @@ impl Transport {
         room: LinkSet,
         paths: &impl Paths,
         buf: &mut [u8],
+        keep: Option<Keep<'_>>,
     ) -> Option<Transmit> {
         let n = self.queues.services();
         let start = self.queues.order().next().unwrap_or(0);
@@ -1461,6 +1511,7 @@ impl Transport {
                 buf,
                 &mut self.stats,
                 &mut self.pool,
+                keep.and_then(|k| k.handle),
             );
             self.queues.used_turn(qi);
             self.note(head.dest);
@@ -1531,12 +1582,14 @@ fn build_data_frame(
     buf: &mut [u8],
     stats: &mut Stats,
     pool: &mut pool::BufferPool,
+    keep: Option<u32>,
 ) -> Transmit {
     // The queue is the sending service's: reports go to it; each message names its own
     // destination service.
     let from = q.service;
     let Some(head) = q.head().copied() else {
         return Transmit {
+            kept: false,
             link,
             len: 0,
             kind: TxKind::Short,
@@ -1661,13 +1714,24 @@ fn build_data_frame(
         conn.recv.on_ack_sent();
         // Emit cannot fail: buf was checked to hold a whole frame.
         let _ = h.emit(buf);
-        let mut copy = pool.take();
-        copy.extend_from_slice(&buf[ETH_LEN..len]);
-        conn.send.on_sent(now, copy);
+        let frame = match keep {
+            // Kept where it was built: the driver holds the buffer until it is released.
+            Some(handle) => KeptFrame::Driver {
+                handle,
+                len: (len - ETH_LEN) as u32,
+            },
+            None => {
+                let mut copy = pool.take();
+                copy.extend_from_slice(&buf[ETH_LEN..len]);
+                KeptFrame::Owned(copy)
+            }
+        };
+        conn.send.on_sent_frame(now, frame);
         conn.life.set_waiting(now, true, false);
         stats.data_frames += 1;
         stats.messages_sent += u64::from(messages);
         Transmit {
+            kept: keep.is_some(),
             link,
             len,
             kind: TxKind::Data,
@@ -1679,6 +1743,7 @@ fn build_data_frame(
         stats.short_frames += 1;
         stats.short_messages_sent += u64::from(messages);
         Transmit {
+            kept: false,
             link,
             len,
             kind: TxKind::Short,

@@ -6,11 +6,16 @@
 //! all-to-all held gigabytes that way), while the frames actually in flight at once are
 //! bounded by the links, not by the number of peers.
 
-/// Recycled frame buffers, at most `limit` kept.
+use super::kept::KeptFrame;
+
+/// Recycled frame buffers, at most `limit` kept, and the driver's buffers the transport is
+/// done with.
 #[derive(Debug)]
 pub struct BufferPool {
     free: Vec<Vec<u8>>,
     limit: usize,
+    /// Handles of driver-kept frames no longer needed, until the driver takes them.
+    released: Vec<u32>,
 }
 
 impl BufferPool {
@@ -19,6 +24,7 @@ impl BufferPool {
         BufferPool {
             free: Vec::new(),
             limit,
+            released: Vec::new(),
         }
     }
 
@@ -40,6 +46,20 @@ impl BufferPool {
         if self.free.len() < self.limit {
             self.free.push(b);
         }
+    }
+
+    /// A retired frame: a copy goes back for reuse, a driver's buffer to the list the
+    /// driver takes ([`BufferPool::take_released`]).
+    pub fn give_frame(&mut self, f: KeptFrame) {
+        match f {
+            KeptFrame::Owned(b) => self.give(b),
+            KeptFrame::Driver { handle, .. } => self.released.push(handle),
+        }
+    }
+
+    /// Moves the handles of the driver's buffers no longer needed into `out`.
+    pub fn take_released(&mut self, out: &mut Vec<u32>) {
+        out.append(&mut self.released);
     }
 
     /// Buffers waiting for reuse.

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::kept::{KeptFrame, Resend};
 use super::pool::BufferPool;
 use super::seqnum;
 use crate::time::Time;
@@ -25,8 +26,7 @@ pub struct SendConfig {
 /// A frame in flight.
 #[derive(Debug)]
 struct Inflight {
-    /// The frame from the torus header on (the I/O layer adds the Ethernet addresses).
-    bytes: Vec<u8>,
+    bytes: KeptFrame,
     sent_at: Time,
     retransmitted: bool,
     queued: bool,
@@ -107,8 +107,14 @@ impl SendWindow {
     /// Records a new frame, already carrying sequence number [`SendWindow::next_seq`], as
     /// sent at `now`. The caller checked [`SendWindow::can_send`].
     pub fn on_sent(&mut self, now: Time, bytes: Vec<u8>) {
+        self.on_sent_frame(now, KeptFrame::Owned(bytes));
+    }
+
+    /// As [`SendWindow::on_sent`], the frame kept as `frame` (a copy, or the driver's
+    /// buffer).
+    pub fn on_sent_frame(&mut self, now: Time, frame: KeptFrame) {
         self.slots.push_back(Inflight {
-            bytes,
+            bytes: frame,
             sent_at: now,
             retransmitted: false,
             queued: false,
@@ -190,7 +196,7 @@ impl SendWindow {
             if self.una + 1 == cum {
                 sample = Some(now.since(f.sent_at));
             }
-            pool.give(f.bytes);
+            pool.give_frame(f.bytes);
             self.una += 1;
             retired += 1;
         }
@@ -266,9 +272,10 @@ impl SendWindow {
         !self.retx.is_empty()
     }
 
-    /// The next frame to retransmit, marked as sent again at `now`: its bytes, to be copied
-    /// out and given fresh acknowledgement fields by the caller.
-    pub fn next_retransmit(&mut self, now: Time) -> Option<&[u8]> {
+    /// The next frame to retransmit, marked as sent again at `now`: its bytes (or where the
+    /// driver keeps them), to be copied out and given fresh acknowledgement fields by the
+    /// caller.
+    pub fn next_retransmit(&mut self, now: Time) -> Option<Resend<'_>> {
         while let Some(seq) = self.retx.pop_front() {
             if seq < self.una {
                 continue;
@@ -283,7 +290,13 @@ impl SendWindow {
             }
             f.sent_at = now;
             f.retransmitted = true;
-            return Some(&self.slots[idx].bytes);
+            return Some(match &self.slots[idx].bytes {
+                KeptFrame::Owned(b) => Resend::Bytes(b),
+                KeptFrame::Driver { handle, len } => Resend::Driver {
+                    handle: *handle,
+                    len: *len as usize,
+                },
+            });
         }
         None
     }
@@ -302,16 +315,23 @@ impl SendWindow {
     /// being reset).
     pub fn release(&mut self, pool: &mut BufferPool) {
         for f in self.slots.drain(..) {
-            pool.give(f.bytes);
+            pool.give_frame(f.bytes);
         }
         self.retx.clear();
         self.una = self.next;
         self.rto_deadline = None;
     }
 
-    /// Bytes held for retransmission (for memory accounting).
+    /// Bytes held for retransmission by the transport (for memory accounting; frames the
+    /// driver keeps are its memory).
     pub fn held_bytes(&self) -> usize {
-        self.slots.iter().map(|f| f.bytes.len()).sum()
+        self.slots
+            .iter()
+            .map(|f| match &f.bytes {
+                KeptFrame::Owned(b) => b.len(),
+                KeptFrame::Driver { .. } => 0,
+            })
+            .sum()
     }
 }
 
@@ -360,7 +380,7 @@ mod tests {
         }
         // Frames 0 and 2 missing; 1 and 3 arrived (cum 0, sack bits for 1.. = 0b101).
         w.on_ack(ms(5), 0, Some(0b101), true, &mut pool);
-        assert_eq!(w.next_retransmit(ms(5)).map(|b| b.len()), Some(1));
+        assert!(matches!(w.next_retransmit(ms(5)), Some(Resend::Bytes(b)) if b.len() == 1));
         assert!(w.next_retransmit(ms(5)).is_some());
         assert!(w.next_retransmit(ms(5)).is_none());
         // A second NACK right away does not resend them again.
