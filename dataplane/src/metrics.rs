@@ -13,6 +13,8 @@ fn is_counter(k: &str) -> bool {
             | "peers"
             | "view_version"
             | "umem_free"
+            | "tx_slots_free"
+            | "tx_slots_kept"
             | "pollers"
             | "uptime_s"
             | "mtu"
@@ -120,6 +122,11 @@ pub fn render(status: &Value) -> String {
             "version of the view in use (counts adopted views)",
         ),
         ("umem_free", "free UMEM chunks"),
+        ("tx_slots_free", "free UMEM transmit slots (jumbo frames)"),
+        (
+            "tx_slots_kept",
+            "UMEM transmit slots holding frames kept until acknowledged",
+        ),
         ("pollers", "pollers running"),
     ] {
         if let Some(v) = engine[k].as_f64() {

@@ -1336,6 +1336,8 @@ impl Poller {
             unreachable,
             view_version: self.view_version,
             umem_free: self.umem.free_chunks(),
+            tx_slots_free: self.umem.free_slots(),
+            tx_slots_kept: self.umem.held_slots(),
             inbox_overflow: self.overflow_drops,
             no_service: self.no_service,
             handoffs: self.handoffs,

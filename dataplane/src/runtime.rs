@@ -246,6 +246,10 @@ pub struct EngineSnapshot {
     pub view_version: u64,
     /// Free UMEM chunks.
     pub umem_free: usize,
+    /// Free transmit slots (jumbo frames are built and kept in them; docs/dataplane.md).
+    pub tx_slots_free: usize,
+    /// Transmit slots whose frames the transport keeps until they are acknowledged.
+    pub tx_slots_kept: usize,
     /// Events dropped because a service did not read its inbox.
     pub inbox_overflow: u64,
     /// Messages that arrived for a service nobody on this server hosts or attached as.
@@ -342,6 +346,8 @@ pub struct TransportStatus {
     pub data_frames: u64,
     /// Retransmitted frames.
     pub retransmitted_frames: u64,
+    /// New reliable frames kept in their transmit slot for retransmission, not copied.
+    pub kept_frames: u64,
     /// Explicit ACKs sent.
     pub ack_frames: u64,
     /// NACKs sent.
@@ -377,6 +383,7 @@ impl TransportStatus {
         TransportStatus {
             data_frames: s.data_frames,
             retransmitted_frames: s.retransmitted_frames,
+            kept_frames: s.kept_frames,
             ack_frames: s.ack_frames,
             nack_frames: s.nack_frames,
             short_frames: s.short_frames,
@@ -693,6 +700,7 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         let (a, b) = (&mut total.transport, s.transport);
         a.data_frames += b.data_frames;
         a.retransmitted_frames += b.retransmitted_frames;
+        a.kept_frames += b.kept_frames;
         a.ack_frames += b.ack_frames;
         a.nack_frames += b.nack_frames;
         a.short_frames += b.short_frames;
@@ -714,6 +722,8 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         total.xdp.extend(s.xdp);
         total.xsk.extend(s.xsk);
         total.umem_free += s.umem_free;
+        total.tx_slots_free += s.tx_slots_free;
+        total.tx_slots_kept += s.tx_slots_kept;
         total.inbox_overflow += s.inbox_overflow;
         total.no_service += s.no_service;
         total.handoffs += s.handoffs;

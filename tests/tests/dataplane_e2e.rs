@@ -56,6 +56,26 @@ fn gigabyte_over_two_jumbo_links_with_two_percent_loss() {
         .sum();
     assert!(dropped > 0, "the kernel dropped frames");
     assert!(u(&a, &["engine", "transport", "retransmitted_frames"]) > 0);
+    // The jumbo frames were kept in their UMEM slots, not copied, and were resent from
+    // there; once everything is acknowledged no slot stays held.
+    assert!(
+        u(&a, &["engine", "transport", "kept_frames"]) > 10_000,
+        "{a}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let s = c.ctl(0, &json!({"cmd": "status"})).unwrap();
+        let kept = u(&s, &["engine", "tx_slots_kept"]);
+        if kept == 0 {
+            assert!(u(&s, &["engine", "tx_slots_free"]) > 0);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{kept} transmit slots still held 5 s after the transfer: {s}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     for l in a["links"].as_array().unwrap() {
         assert!(
             u(l, &["counters", "tx_frames"]) > 50_000,

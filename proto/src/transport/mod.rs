@@ -397,6 +397,9 @@ pub struct Stats {
     pub data_frames: u64,
     /// Reliable frames sent again.
     pub retransmitted_frames: u64,
+    /// New reliable data frames kept for retransmission in the driver's buffer instead of a
+    /// copy ([`Keep`]).
+    pub kept_frames: u64,
     /// Explicit ACK frames sent.
     pub ack_frames: u64,
     /// NACK frames sent.
@@ -1726,6 +1729,9 @@ fn build_data_frame(
                 KeptFrame::Owned(copy)
             }
         };
+        if keep.is_some() {
+            stats.kept_frames += 1;
+        }
         conn.send.on_sent_frame(now, frame);
         conn.life.set_waiting(now, true, false);
         stats.data_frames += 1;
