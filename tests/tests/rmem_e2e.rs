@@ -15,7 +15,7 @@ use torusnet_client::{Client, Dest, Event, RemoteOptions, SendOptions, Wait};
 use torusnet_dataplane::config::NodeConfig;
 use torusnet_dataplane::mgmt::{Daemon as MgmtDaemon, Mgmt};
 use torusnet_dataplane::rmem::RmEvent;
-use torusnet_e2e::{Daemon, Torus};
+use torusnet_e2e::{cpu_seconds, Daemon, Torus};
 use torusnet_proto::transport::Fences;
 
 fn apps_sock(t: &Torus, c: &str) -> PathBuf {
@@ -515,4 +515,42 @@ fn remote_memory_across_three_hops_with_loss() {
         s,
         Status::Ok | Status::Revoked | Status::NoRegion | Status::BadCookie
     )));
+
+    // An initiator that exits with its writes in flight: their ends arrive for an owner
+    // nobody serves any more. Once the applications are gone, the daemons that hosted them
+    // and their regions go back to sleep between timers instead of polling (such an event
+    // once kept a poller awake for good).
+    drop(init);
+    let owner3 = attach(&t, there, "rm-owner3");
+    let init3 = attach(&t, here, "rm-init3");
+    let region3 = owner3
+        .register_region(8 << 20, WRITE)
+        .expect("register 8 MiB");
+    let cap3 = hand_over(&owner3, &init3, &region3.cap);
+    for k in 0..2u64 {
+        loop {
+            match init3.remote_write(&cap3, k * (4 << 20), &big, RemoteOptions::default()) {
+                Ok(_) => break,
+                Err(torusnet_client::Error::WouldBlock) => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+    }
+    drop(init3);
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(owner3);
+    std::thread::sleep(Duration::from_millis(500));
+    for at in [here, there] {
+        let pid = t.pids(at, Daemon::Torusd)[0];
+        let before = cpu_seconds(pid).expect("cpu time");
+        std::thread::sleep(Duration::from_secs(2));
+        let used = cpu_seconds(pid).expect("cpu time") - before;
+        eprintln!("{at}: torusd used {used:.2} s of CPU in 2 s, idle");
+        assert!(
+            used < 1.0,
+            "{at}: an idle torusd used {used:.2} s of CPU in 2 s"
+        );
+    }
 }

@@ -128,6 +128,10 @@ impl AppsHost {
         }) = self.shared.apps.pending.pop()
         {
             info.adopted.store(true, Ordering::Release);
+            if let Some(rm) = self.shared.rmem.get() {
+                // Remote-memory events for it are kept from now until it exits.
+                rm.add_owner(info.service);
+            }
             self.apps.push(App {
                 info,
                 region,
@@ -769,12 +773,14 @@ impl Service for AppsHost {
     }
 
     fn may_sleep(&mut self) -> bool {
+        // Only the remote-memory events of attached applications: events for an owner that
+        // has gone would keep the poller from sleeping for ever.
         let mut idle = self.shared.apps.pending.is_empty()
             && !self
                 .shared
                 .rmem
                 .get()
-                .is_some_and(|r| r.pending.load(Ordering::Acquire));
+                .is_some_and(|r| r.has_events_for(self.apps.iter().map(|a| a.info.service)));
         for a in &self.apps {
             let r = a.region;
             r.u32(off::TORUSD_WAITING).store(1, Ordering::SeqCst);

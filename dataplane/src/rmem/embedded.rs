@@ -76,6 +76,7 @@ impl std::fmt::Debug for RemoteMemory {
 impl RemoteMemory {
     /// The handle of `owner` on `rm`.
     pub fn new(rm: Arc<Rmem>, owner: u16) -> RemoteMemory {
+        rm.add_owner(owner);
         RemoteMemory {
             rm,
             owner,

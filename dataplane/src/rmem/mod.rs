@@ -138,6 +138,7 @@ pub struct RmCounters {
     bytes_read: AtomicU64,
     placed: AtomicU64,
     unplaced: AtomicU64,
+    unclaimed: AtomicU64,
 }
 
 /// A snapshot of the counters, for status.
@@ -163,8 +164,19 @@ pub struct RmStats {
     pub placed: u64,
     /// Messages held by a fence first (landed from a copy).
     pub unplaced: u64,
+    /// Events dropped because their owner had gone.
+    pub unclaimed: u64,
     /// Accesses refused here, by reason.
     pub refused: HashMap<&'static str, u64>,
+}
+
+/// Events waiting for their owners, and the owners there are: an event for an owner that
+/// has gone (an operation that ended after its application exited) has nobody to wait for,
+/// and a later application given the same id must not receive it.
+#[derive(Debug, Default)]
+struct EventQueues {
+    by_owner: HashMap<u16, VecDeque<RmEvent>>,
+    owners: std::collections::HashSet<u16>,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -177,7 +189,7 @@ pub struct Rmem {
     /// Regions and capabilities.
     pub table: Mutex<Table>,
     commands: Mutex<VecDeque<RmCommand>>,
-    events: Mutex<HashMap<u16, VecDeque<RmEvent>>>,
+    events: Mutex<EventQueues>,
     ready: Condvar,
     /// Some owner has events waiting.
     pub pending: AtomicBool,
@@ -206,7 +218,7 @@ impl Rmem {
             chunk: frame_payload.saturating_sub(wire::WRITE_HEADER).max(64),
             table: Mutex::new(Table::new(server, Box::new(table::random_u64))),
             commands: Mutex::new(VecDeque::new()),
-            events: Mutex::new(HashMap::new()),
+            events: Mutex::new(EventQueues::default()),
             ready: Condvar::new(),
             pending: AtomicBool::new(false),
             secret: table::random_u64() | 1,
@@ -235,7 +247,11 @@ impl Rmem {
             }
         }
         let mut ev = self.events.lock();
-        let q = ev.entry(owner).or_default();
+        if !ev.owners.contains(&owner) {
+            add(&self.counters.unclaimed, 1);
+            return;
+        }
+        let q = ev.by_owner.entry(owner).or_default();
         // An owner that never reads keeps a bounded queue (the oldest events go).
         if q.len() >= 65536 {
             q.pop_front();
@@ -248,8 +264,12 @@ impl Rmem {
     /// Takes `owner`'s events.
     pub fn take_events(&self, owner: u16) -> Vec<RmEvent> {
         let mut ev = self.events.lock();
-        let out = ev.remove(&owner).map(Vec::from).unwrap_or_default();
-        if ev.is_empty() {
+        let out = ev
+            .by_owner
+            .remove(&owner)
+            .map(Vec::from)
+            .unwrap_or_default();
+        if ev.by_owner.is_empty() {
             self.pending.store(false, Ordering::Release);
         }
         out
@@ -260,7 +280,7 @@ impl Rmem {
         let deadline = Instant::now() + timeout;
         let mut ev = self.events.lock();
         loop {
-            if let Some(q) = ev.get_mut(&owner) {
+            if let Some(q) = ev.by_owner.get_mut(&owner) {
                 if let Some(e) = q.pop_front() {
                     return Some(e);
                 }
@@ -274,7 +294,32 @@ impl Rmem {
     /// Forgets `owner` (it exited): its regions and capabilities, its events.
     pub fn remove_owner(&self, owner: u16) {
         self.table.lock().remove_owner(owner);
-        self.events.lock().remove(&owner);
+        let mut ev = self.events.lock();
+        ev.by_owner.remove(&owner);
+        ev.owners.remove(&owner);
+        // With the last owner's events gone nothing is pending: a flag left set kept an
+        // idle poller from ever sleeping once the applications that owned regions had exited.
+        if ev.by_owner.is_empty() {
+            self.pending.store(false, Ordering::Release);
+        }
+    }
+
+    /// `owner` is here (an application attached, an embedding program took a handle): its
+    /// events are kept for it until it takes them or goes.
+    pub fn add_owner(&self, owner: u16) {
+        self.events.lock().owners.insert(owner);
+    }
+
+    /// Whether any of `owners` has events waiting (a poller asks about the applications it
+    /// serves; an embedding program's events wait for it to read them, without a poller).
+    pub fn has_events_for(&self, owners: impl IntoIterator<Item = u16>) -> bool {
+        if !self.pending.load(Ordering::Acquire) {
+            return false;
+        }
+        let ev = self.events.lock();
+        owners
+            .into_iter()
+            .any(|o| ev.by_owner.get(&o).is_some_and(|q| !q.is_empty()))
     }
 
     /// The counters.
@@ -298,6 +343,7 @@ impl Rmem {
             bytes_read: g(&c.bytes_read),
             placed: g(&c.placed),
             unplaced: g(&c.unplaced),
+            unclaimed: g(&c.unclaimed),
             refused,
         }
     }
@@ -901,5 +947,53 @@ impl Service for RmemService {
             return Some(Time::ZERO);
         }
         (!self.ops.is_empty()).then_some(self.scan_at)
+    }
+}
+
+#[cfg(test)]
+mod pending_tests {
+    use super::*;
+
+    fn rm() -> Rmem {
+        Rmem::new(1, 8000, Box::new(|| {}))
+    }
+
+    fn done(tag: u64) -> RmEvent {
+        RmEvent::Done {
+            tag,
+            status: Status::Ok,
+            bytes: 0,
+        }
+    }
+
+    #[test]
+    fn removing_the_last_owner_with_events_clears_pending() {
+        let r = rm();
+        r.add_owner(5);
+        r.push_event(5, done(1));
+        assert!(r.pending.load(Ordering::Acquire));
+        assert!(r.has_events_for([5]));
+        r.remove_owner(5);
+        assert!(!r.pending.load(Ordering::Acquire));
+        assert!(!r.has_events_for([5]));
+    }
+
+    #[test]
+    fn events_for_an_owner_that_has_gone_are_dropped_and_counted() {
+        let r = rm();
+        r.add_owner(7);
+        r.remove_owner(7);
+        // An operation of owner 7 ended after owner 7 was gone: nobody waits for its end,
+        // and a later owner 7 must not receive it.
+        r.push_event(7, done(2));
+        assert!(!r.pending.load(Ordering::Acquire));
+        assert_eq!(r.stats().unclaimed, 1);
+        r.add_owner(7);
+        assert!(r.take_events(7).is_empty());
+        r.add_owner(3);
+        r.push_event(3, done(3));
+        assert!(r.has_events_for([3, 4]) && !r.has_events_for([4]));
+        assert_eq!(r.take_events(3).len(), 1);
+        assert!(!r.has_events_for([3, 4]));
     }
 }
