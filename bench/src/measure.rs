@@ -117,17 +117,7 @@ pub fn thread_cpu() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// CPU time process `pid` has used (user + system), from /proc.
+/// CPU time process `pid` has used (user + system), from /proc; zero once it is gone.
 pub fn process_cpu(pid: u32) -> Duration {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return Duration::ZERO;
-    };
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = s.rsplit_once(')').map_or("", |r| r.1);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    Duration::from_nanos((ticks(11) + ticks(12)) * 1_000_000_000 / hz)
+    torusnet_ops::process::cpu_time(pid).unwrap_or_default()
 }

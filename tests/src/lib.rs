@@ -55,17 +55,6 @@ impl Daemon {
     }
 }
 
-/// CPU time process `pid` has used so far (user and system, all threads), in seconds.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name: state is the 3rd field of the line, utime the 14th.
-    let rest: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks = |i: usize| rest.get(i)?.parse::<f64>().ok();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Some((ticks(11)? + ticks(12)?) / hz.max(1.0))
-}
-
 /// Whether process `pid` runs (a zombie does not).
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

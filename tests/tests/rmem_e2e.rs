@@ -15,7 +15,8 @@ use torusnet_client::{Client, Dest, Event, RemoteOptions, SendOptions, Wait};
 use torusnet_dataplane::config::NodeConfig;
 use torusnet_dataplane::mgmt::{Daemon as MgmtDaemon, Mgmt};
 use torusnet_dataplane::rmem::RmEvent;
-use torusnet_e2e::{cpu_seconds, Daemon, Torus};
+use torusnet_e2e::{Daemon, Torus};
+use torusnet_ops::process::cpu_time;
 use torusnet_proto::transport::Fences;
 
 fn apps_sock(t: &Torus, c: &str) -> PathBuf {
@@ -544,9 +545,9 @@ fn remote_memory_across_three_hops_with_loss() {
     std::thread::sleep(Duration::from_millis(500));
     for at in [here, there] {
         let pid = t.pids(at, Daemon::Torusd)[0];
-        let before = cpu_seconds(pid).expect("cpu time");
+        let before = cpu_time(pid).expect("cpu time");
         std::thread::sleep(Duration::from_secs(2));
-        let used = cpu_seconds(pid).expect("cpu time") - before;
+        let used = (cpu_time(pid).expect("cpu time") - before).as_secs_f64();
         eprintln!("{at}: torusd used {used:.2} s of CPU in 2 s, idle");
         assert!(
             used < 1.0,
