@@ -6,7 +6,6 @@
 //! harness) see no difference: the transport copies as before.
 
 /// A sent frame as the sender keeps it for retransmission.
-/// A sent frame as the sender keeps it for retransmission.
 #[derive(Debug)]
 pub enum KeptFrame {
     /// A copy, from the torus header on (the I/O layer adds the Ethernet addresses).
@@ -19,20 +18,6 @@ pub enum KeptFrame {
         handle: u32,
         /// Bytes from the torus header on.
         len: u32,
-    },
-}
-
-/// A frame to send again: its bytes, or where the driver keeps them.
-#[derive(Debug, Clone, Copy)]
-pub enum Resend<'a> {
-    /// The kept copy, from the torus header on.
-    Bytes(&'a [u8]),
-    /// Kept by the driver in buffer `handle`: `len` bytes from the torus header on.
-    Driver {
-        /// The driver's name for the buffer.
-        handle: u32,
-        /// Bytes from the torus header on.
-        len: usize,
     },
 }
 

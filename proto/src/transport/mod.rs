@@ -52,8 +52,8 @@ use delivery::{DeliveryError, Release};
 use fair_queue::{FairQueue, Queued};
 pub use inbox::EventRef;
 use inbox::Inbox;
+use kept::KeptFrame;
 pub use kept::{Keep, KeptFrames};
-use kept::{KeptFrame, Resend};
 pub use lifecycle::FailReason;
 use lifecycle::{LifecycleConfig, SyncOutcome};
 use pacing::RxPacing;
@@ -1376,11 +1376,14 @@ impl Transport {
                 None
             } else {
                 match c.send.next_retransmit(now) {
-                    Some(Resend::Bytes(b)) => buf.get_mut(ETH_LEN..ETH_LEN + b.len()).map(|to| {
-                        to.copy_from_slice(b);
-                        b.len()
-                    }),
-                    Some(Resend::Driver { handle, len }) => keep.and_then(|k| {
+                    Some(KeptFrame::Owned(b)) => {
+                        buf.get_mut(ETH_LEN..ETH_LEN + b.len()).map(|to| {
+                            to.copy_from_slice(b);
+                            b.len()
+                        })
+                    }
+                    Some(&KeptFrame::Driver { handle, len }) => keep.and_then(|k| {
+                        let len = len as usize;
                         let to = buf.get_mut(ETH_LEN..ETH_LEN + len)?;
                         k.frames.copy_kept(handle, ETH_LEN, to).then_some(len)
                     }),
@@ -1719,19 +1722,19 @@ fn build_data_frame(
         let _ = h.emit(buf);
         let frame = match keep {
             // Kept where it was built: the driver holds the buffer until it is released.
-            Some(handle) => KeptFrame::Driver {
-                handle,
-                len: (len - ETH_LEN) as u32,
-            },
+            Some(handle) => {
+                stats.kept_frames += 1;
+                KeptFrame::Driver {
+                    handle,
+                    len: (len - ETH_LEN) as u32,
+                }
+            }
             None => {
                 let mut copy = pool.take();
                 copy.extend_from_slice(&buf[ETH_LEN..len]);
                 KeptFrame::Owned(copy)
             }
         };
-        if keep.is_some() {
-            stats.kept_frames += 1;
-        }
         conn.send.on_sent_frame(now, frame);
         conn.life.set_waiting(now, true, false);
         stats.data_frames += 1;

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::kept::{KeptFrame, Resend};
+use super::kept::KeptFrame;
 use super::pool::BufferPool;
 use super::seqnum;
 use crate::time::Time;
@@ -275,7 +275,7 @@ impl SendWindow {
     /// The next frame to retransmit, marked as sent again at `now`: its bytes (or where the
     /// driver keeps them), to be copied out and given fresh acknowledgement fields by the
     /// caller.
-    pub fn next_retransmit(&mut self, now: Time) -> Option<Resend<'_>> {
+    pub fn next_retransmit(&mut self, now: Time) -> Option<&KeptFrame> {
         while let Some(seq) = self.retx.pop_front() {
             if seq < self.una {
                 continue;
@@ -290,13 +290,7 @@ impl SendWindow {
             }
             f.sent_at = now;
             f.retransmitted = true;
-            return Some(match &self.slots[idx].bytes {
-                KeptFrame::Owned(b) => Resend::Bytes(b),
-                KeptFrame::Driver { handle, len } => Resend::Driver {
-                    handle: *handle,
-                    len: *len as usize,
-                },
-            });
+            return Some(&self.slots[idx].bytes);
         }
         None
     }
@@ -380,7 +374,7 @@ mod tests {
         }
         // Frames 0 and 2 missing; 1 and 3 arrived (cum 0, sack bits for 1.. = 0b101).
         w.on_ack(ms(5), 0, Some(0b101), true, &mut pool);
-        assert!(matches!(w.next_retransmit(ms(5)), Some(Resend::Bytes(b)) if b.len() == 1));
+        assert!(matches!(w.next_retransmit(ms(5)), Some(KeptFrame::Owned(b)) if b.len() == 1));
         assert!(w.next_retransmit(ms(5)).is_some());
         assert!(w.next_retransmit(ms(5)).is_none());
         // A second NACK right away does not resend them again.
