@@ -60,9 +60,11 @@ impl FramePool {
         }
     }
 
-    /// Returns a frame's buffer for reuse.
+    /// Returns a frame's buffer, if it has one, for reuse.
     pub(super) fn give_frame(&mut self, f: SimFrame) {
-        self.give(f.head);
+        if f.spilled {
+            self.give(f.spill);
+        }
     }
 
     /// The frame `buf[..len]` as it travels: compacted when its tail is a long run of one
@@ -70,68 +72,166 @@ impl FramePool {
     /// is given back or kept.
     pub(super) fn frame(&mut self, mut buf: Vec<u8>, len: usize) -> SimFrame {
         // Runs too short to be worth rebuilding stay bytes; small frames move to a small
-        // buffer either way.
+        // buffer (or into the frame itself) either way.
         let run = Some(trailing_run(&buf[..len], HEADERS_LEN))
             .filter(|r| *r >= MIN_RUN)
             .unwrap_or(0);
         if run > 0 || len <= SMALL_FRAME {
             let fill = buf[..len].last().copied().unwrap_or(0);
             let keep = len - run;
-            let mut head = self.take(keep);
-            head.copy_from_slice(&buf[..keep]);
+            let mut f = self.head_of(&buf[..keep]);
             self.give(buf);
-            return SimFrame {
-                head,
-                run: run as u32,
-                fill,
-            };
+            f.run = run as u32;
+            f.fill = fill;
+            return f;
         }
         buf.truncate(len);
         SimFrame::whole(buf)
     }
 
-    /// The whole bytes of `f`, rebuilt into a full buffer when it was compacted.
+    /// A frame of exactly the bytes `b`: in the frame itself when they fit.
+    fn head_of(&mut self, b: &[u8]) -> SimFrame {
+        let mut f = SimFrame::default();
+        if b.len() <= INLINE {
+            f.inline[..b.len()].copy_from_slice(b);
+            f.inline_len = b.len() as u8;
+        } else {
+            let mut head = self.take(b.len());
+            head.copy_from_slice(b);
+            f.spill = head;
+            f.spilled = true;
+        }
+        f
+    }
+
+    /// The whole bytes of `f`, in a buffer of the pool.
     pub(super) fn expand(&mut self, f: SimFrame) -> Vec<u8> {
-        if f.run == 0 {
-            return f.head;
+        if f.spilled && f.run == 0 {
+            return f.spill;
         }
         let len = f.len();
+        let head = f.head().len();
         let mut b = self.take(len);
-        b[..f.head.len()].copy_from_slice(&f.head);
-        b[f.head.len()..].fill(f.fill);
-        self.give(f.head);
+        b[..head].copy_from_slice(f.head());
+        b[head..].fill(f.fill);
+        self.give_frame(f);
         b
     }
 }
 
-/// A frame in flight: `head`, then `run` bytes of value `fill`.
+/// Bytes of a frame's head held in the frame itself: a compacted jumbo frame's headers
+/// (78 bytes and a message header) and short frames fit, so the frames on the links need
+/// no buffer of their own and the simulator reads a frame where its event points.
+const INLINE: usize = 96;
+
+/// A frame in flight: its head (in the frame itself when it fits, else in `spill`), then
+/// `run` bytes of value `fill`. Two cache lines, aligned, so that a frame is fetched with
+/// two prefetches one event before it is read.
 #[derive(Debug)]
+#[repr(align(64))]
 pub(super) struct SimFrame {
-    /// The frame's first bytes (all of them when `run` is 0); at least its headers when
-    /// compacted.
-    pub(super) head: Vec<u8>,
+    inline: [u8; INLINE],
+    spill: Vec<u8>,
     run: u32,
+    inline_len: u8,
+    spilled: bool,
     fill: u8,
+}
+
+impl Default for SimFrame {
+    fn default() -> SimFrame {
+        SimFrame {
+            inline: [0; INLINE],
+            spill: Vec::new(),
+            run: 0,
+            inline_len: 0,
+            spilled: false,
+            fill: 0,
+        }
+    }
 }
 
 impl SimFrame {
     /// A frame held as all of its bytes.
     pub(super) fn whole(bytes: Vec<u8>) -> SimFrame {
         SimFrame {
-            head: bytes,
-            run: 0,
-            fill: 0,
+            spill: bytes,
+            spilled: true,
+            ..SimFrame::default()
+        }
+    }
+
+    /// Its first bytes (all of them when it is not compacted).
+    pub(super) fn head(&self) -> &[u8] {
+        if self.spilled {
+            &self.spill
+        } else {
+            &self.inline[..usize::from(self.inline_len)]
+        }
+    }
+
+    /// Its first bytes, to be changed in place (TTL, hop count) as it is passed on.
+    pub(super) fn head_mut(&mut self) -> &mut [u8] {
+        if self.spilled {
+            &mut self.spill
+        } else {
+            &mut self.inline[..usize::from(self.inline_len)]
         }
     }
 
     /// Its length on the wire.
     pub(super) fn len(&self) -> usize {
-        self.head.len() + self.run as usize
+        self.head().len() + self.run as usize
     }
 
     /// Whether only its head is held.
     pub(super) fn is_compact(&self) -> bool {
         self.run > 0
+    }
+}
+
+/// The frames on the links of a part, each in a slot an event names until it arrives:
+/// frames sit in one array rather than in a queue per link, so an arrival reads one place
+/// the event queue already knows (and prefetches), not a link's queue first.
+#[derive(Debug, Default)]
+pub(super) struct FrameSlab {
+    slots: Vec<SimFrame>,
+    free: Vec<u32>,
+}
+
+impl FrameSlab {
+    /// Puts `f` in a free slot; its number.
+    pub(super) fn insert(&mut self, f: SimFrame) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = f;
+                i
+            }
+            None => {
+                self.slots.push(f);
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Takes the frame out of slot `i`, freeing it (an empty frame for a slot not in use).
+    pub(super) fn take(&mut self, i: u32) -> SimFrame {
+        match self.slots.get_mut(i as usize) {
+            Some(s) => {
+                self.free.push(i);
+                std::mem::take(s)
+            }
+            None => SimFrame::default(),
+        }
+    }
+
+    /// Starts loading slot `i` into the cache.
+    pub(super) fn prefetch(&self, i: u32) {
+        if let Some(s) = self.slots.get(i as usize) {
+            let p = (s as *const SimFrame).cast::<u8>();
+            super::prefetch(p);
+            super::prefetch(p.wrapping_add(64));
+        }
     }
 }
 
@@ -179,10 +279,23 @@ mod tests {
             let f = pool.frame(buf, len);
             assert_eq!(f.len(), len);
             if f.is_compact() {
-                assert!(f.head.len() >= HEADERS_LEN && f.head.len() <= len - MIN_RUN);
+                assert!(f.head().len() >= HEADERS_LEN && f.head().len() <= len - MIN_RUN);
             }
             assert_eq!(pool.expand(f), want);
         }
+    }
+
+    #[test]
+    fn a_frame_is_two_cache_lines() {
+        assert_eq!(std::mem::size_of::<SimFrame>(), 128);
+        let mut slab = FrameSlab::default();
+        let a = slab.insert(SimFrame::whole(vec![1, 2, 3]));
+        let b = slab.insert(SimFrame::whole(vec![4]));
+        assert_eq!(slab.take(a).head(), &[1, 2, 3]);
+        // A freed slot is used again.
+        assert_eq!(slab.insert(SimFrame::whole(vec![5])), a);
+        assert_eq!(slab.take(b).head(), &[4]);
+        assert_eq!(slab.take(a).head(), &[5]);
     }
 
     #[test]

@@ -10,7 +10,6 @@ mod part;
 mod queue;
 mod window;
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::node::{Event, MsgOptions, Node, Target};
@@ -21,7 +20,6 @@ use crate::time::Time;
 use crate::topology::{Coord, Dims, Dir};
 use crate::transport::{Config, SendError};
 use crate::wire::ETH_LEN;
-use frame::SimFrame;
 use part::{Ctx, Part};
 
 /// Spare frame buffers each simulated engine keeps ([`Config::spare_frames`]).
@@ -45,20 +43,11 @@ pub struct SimConfig {
     pub spread_by_load: bool,
 }
 
-/// A frame on a link, in transmission order (a link delivers in FIFO order, so only the
-/// head of each link's queue needs a place in the event heap).
-#[derive(Debug)]
-struct OnWire {
-    arrive: Time,
-    frame: SimFrame,
-}
-
+/// A directed link: when it is free to send again, and where it goes. The frames on it
+/// wait in their part's [`frame::FrameSlab`], each with its arrival in the event queue.
 #[derive(Debug, Default)]
 struct Link {
     busy_until: Time,
-    /// Frames on their way when the far end is in the same part (else they wait in the far
-    /// part's `inbound`).
-    wire: VecDeque<OnWire>,
     /// The server at the far end.
     far: u32,
     /// Whether the link is live in the current view (cached from the view per change).

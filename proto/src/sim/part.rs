@@ -12,11 +12,9 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
-
-use super::frame::{FramePool, SimFrame};
+use super::frame::{FramePool, FrameSlab, SimFrame};
 use super::queue::EventQueue;
-use super::{is_control, prefetch, Link, OnWire, SimConfig, SimStats};
+use super::{is_control, Link, SimConfig, SimStats};
 use crate::control::ControlNode;
 use crate::node::{DropReason, Event, MsgOptions, Node, RxAction, Target};
 use crate::time::Time;
@@ -58,7 +56,8 @@ pub(super) fn part_of(bounds: &[usize], i: usize) -> usize {
 pub(super) struct Crossing {
     pub(super) to_part: usize,
     pub(super) link: u32,
-    pub(super) wire: OnWire,
+    pub(super) arrive: Time,
+    pub(super) frame: SimFrame,
 }
 
 /// An event an engine produced, with the simulator event it came from (time, id): events
@@ -72,11 +71,12 @@ pub(super) struct Part {
     pub(super) nodes: Vec<Node>,
     /// The links leaving its servers, six per server.
     pub(super) links: Vec<Link>,
-    /// Frames on links from servers of other parts to its servers, by global link id.
-    pub(super) inbound: FxHashMap<u32, VecDeque<OnWire>>,
-    /// Pending events `(time, id, address)`: `id` below `nlinks` is the head frame of that
-    /// link arriving (`address` locates its bytes, only to prefetch them); above it, a
-    /// wake-up of server `id - nlinks`. Ties go by id, so a run is deterministic.
+    /// Frames on links into its servers (from its own servers or, once handed over, from
+    /// other parts').
+    pub(super) on_links: FrameSlab,
+    /// Pending events `(time, id, slot)`: `id` below `nlinks` is a frame arriving over that
+    /// link, held in `on_links` slot `slot`; above it, a wake-up of server `id - nlinks`.
+    /// Ties go by id (a link's frames arrive at distinct times), so a run is deterministic.
     pub(super) heap: EventQueue,
     pub(super) now: Time,
     /// When each server asked to be woken next (to avoid piling up wake events).
@@ -110,7 +110,7 @@ impl Part {
             lo,
             nodes,
             links,
-            inbound: FxHashMap::default(),
+            on_links: FrameSlab::default(),
             heap: EventQueue::default(),
             now: Time::ZERO,
             wake_at: vec![None; n],
@@ -263,7 +263,7 @@ impl Part {
         l.tx_bytes += frame.len() as u64 + 24;
         let arrive = Time(start.0 + tx) + ctx.cfg.delay;
         self.stats.frames_sent += 1;
-        let control = is_control(&frame.head);
+        let control = is_control(frame.head());
         self.stats.control_frames += u64::from(control);
         if !ctx.up[j] || !l.live {
             // A hello into a dead server is how its death is noticed, not a loss of data.
@@ -271,30 +271,23 @@ impl Part {
             self.pool.give_frame(frame);
             return;
         }
-        let wire = OnWire { arrive, frame };
         if !same_part {
             self.outbox.push(Crossing {
                 to_part: ctx.part_of(j),
                 link: id,
-                wire,
+                arrive,
+                frame,
             });
             return;
         }
-        if l.wire.is_empty() {
-            self.heap
-                .push((arrive, id, wire.frame.head.as_ptr() as usize));
-        }
-        l.wire.push_back(wire);
+        self.accept(id, arrive, frame);
     }
 
-    /// Takes a frame another part sent over link `link` into one of this part's servers.
-    pub(super) fn accept(&mut self, link: u32, wire: OnWire) {
-        let q = self.inbound.entry(link).or_default();
-        if q.is_empty() {
-            self.heap
-                .push((wire.arrive, link, wire.frame.head.as_ptr() as usize));
-        }
-        q.push_back(wire);
+    /// Puts a frame on its way over link `link` (global id) into one of this part's
+    /// servers, to arrive at `arrive`: sent by one of its own servers, or by another part's.
+    pub(super) fn accept(&mut self, link: u32, arrive: Time, frame: SimFrame) {
+        let slot = self.on_links.insert(frame);
+        self.heap.push((arrive, link, slot as usize));
     }
 
     /// Sends a message from server `li` and lets it act at once (the engine decides
@@ -371,7 +364,7 @@ impl Part {
 
     /// Processes every pending event due at or before `end`.
     pub(super) fn run_window(&mut self, ctx: &Ctx<'_>, end: Time) {
-        while let Some((t, id, _)) = self.heap.peek() {
+        while let Some((t, id, slot)) = self.heap.peek() {
             if t > end {
                 break;
             }
@@ -389,40 +382,20 @@ impl Part {
                 self.collect(t, id, li);
                 continue;
             }
-            let frame = if self.owns(gid / 6) {
-                let l = &mut self.links[gid - self.lo * 6];
-                let f = l.wire.pop_front().map(|w| w.frame);
-                if let Some(next) = l.wire.front() {
-                    self.heap
-                        .push((next.arrive, id, next.frame.head.as_ptr() as usize));
-                }
-                f
-            } else {
-                let mut f = None;
-                if let Some(q) = self.inbound.get_mut(&id) {
-                    f = q.pop_front().map(|w| w.frame);
-                    if let Some(next) = q.front() {
-                        self.heap
-                            .push((next.arrive, id, next.frame.head.as_ptr() as usize));
-                    }
-                }
-                f
-            };
-            self.touch_next();
-            if let Some(frame) = frame {
-                self.arrive(ctx, t, gid, frame);
-            }
+            let frame = self.on_links.take(slot as u32);
+            self.touch_next(ctx);
+            self.arrive(ctx, t, gid, frame);
         }
         self.now = self.now.max(end);
     }
 
-    /// Starts loading the header of the frame the next event delivers. Frames wait on links
-    /// long enough to leave the cache, so reading a header is a memory miss per hop; issued
-    /// one event ahead, it overlaps with this event's work instead of stalling the next.
-    fn touch_next(&mut self) {
-        if let Some((_, _, at)) = self.heap.peek() {
-            if at != 0 {
-                prefetch(at as *const u8);
+    /// Starts loading the frame the next event delivers. Frames wait on links long enough
+    /// to leave the cache, so reading one is a memory miss per hop; issued one event ahead,
+    /// it overlaps with this event's work instead of stalling the next.
+    fn touch_next(&mut self, ctx: &Ctx<'_>) {
+        if let Some((_, id, slot)) = self.heap.peek() {
+            if (id as usize) < ctx.nlinks {
+                self.on_links.prefetch(slot as u32);
             }
         }
     }
@@ -442,13 +415,13 @@ impl Part {
         };
         let n = far - self.lo;
         if !ctx.up[far] {
-            self.stats.lost_on_failure += u64::from(!is_control(&frame.head));
+            self.stats.lost_on_failure += u64::from(!is_control(frame.head()));
             self.pool.give_frame(frame);
             return;
         }
         if !self.control.is_empty() {
-            if is_control(&frame.head) {
-                self.control[n].handle_frame(t, dir.opposite(), &frame.head);
+            if is_control(frame.head()) {
+                self.control[n].handle_frame(t, dir.opposite(), frame.head());
                 self.pool.give_frame(frame);
                 self.service(ctx, n);
                 return;
@@ -463,7 +436,7 @@ impl Part {
         let mut frame = frame;
         let len = frame.len();
         let by_head = if frame.is_compact() {
-            self.nodes[n].handle_rx_head(&mut frame.head, len)
+            self.nodes[n].handle_rx_head(frame.head_mut(), len)
         } else {
             None
         };
