@@ -87,7 +87,7 @@ impl Sim {
         let (p, li) = self.at(i);
         self.parts[p].nodes[li] = node;
         self.parts[p].control[li] = ctl;
-        self.up[i] = true;
+        std::sync::Arc::make_mut(&mut self.up)[i] = true;
         let now = self.now;
         self.wake(i, now);
     }
@@ -112,7 +112,7 @@ impl Part {
 
     /// Runs server `i`'s (local index) control plane if a timer is due, puts its frames on the links and
     /// hands a changed view to the engine.
-    pub(super) fn run_control(&mut self, ctx: &Ctx<'_>, i: usize) {
+    pub(super) fn run_control(&mut self, ctx: &Ctx, i: usize) {
         let now = self.now;
         let Some(ctl) = self.control.get_mut(i) else {
             return;

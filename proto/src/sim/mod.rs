@@ -9,7 +9,9 @@ mod frame;
 mod part;
 mod queue;
 mod window;
+mod workers;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::node::{Event, MsgOptions, Node, Target};
@@ -21,6 +23,7 @@ use crate::topology::{Coord, Dims, Dir};
 use crate::transport::{Config, SendError};
 use crate::wire::ETH_LEN;
 use part::{Ctx, Part};
+use workers::Workers;
 
 /// Spare frame buffers each simulated engine keeps ([`Config::spare_frames`]).
 const SIM_SPARE_FRAMES: usize = 64;
@@ -113,10 +116,14 @@ pub struct Sim {
     /// The servers, in contiguous ranges, each with its links and pending events.
     parts: Vec<Part>,
     /// First server of every part, then the number of servers.
-    bounds: Vec<usize>,
+    bounds: Arc<Vec<usize>>,
     /// Threads that run the parts.
     threads: usize,
-    up: Vec<bool>,
+    /// The threads beside the caller's that run parts, when there are several.
+    workers: Option<Workers>,
+    /// Whether each server is up (shared with the parts' threads during a run; copied on
+    /// change only if one still held it).
+    up: Arc<Vec<bool>>,
     now: Time,
     view: LinkView,
     /// Servers serviced outside a run (by [`Sim::send`]), whose events are still to be
@@ -183,9 +190,10 @@ impl Sim {
         Ok(Sim {
             cfg,
             parts,
-            bounds,
+            bounds: Arc::new(bounds),
             threads,
-            up: vec![true; n],
+            workers: (threads > 1).then(|| Workers::new(threads)),
+            up: Arc::new(vec![true; n]),
             now: Time::ZERO,
             view,
             serviced: Vec::new(),
@@ -256,18 +264,15 @@ impl Sim {
         self.now
     }
 
-    /// What every part reads during a window, with the parts themselves.
-    fn split(&mut self) -> (Ctx<'_>, &mut [Part]) {
-        (
-            Ctx {
-                cfg: &self.cfg,
-                up: &self.up,
-                frame_ns: self.frame_ns,
-                nlinks: self.up.len() * 6,
-                bounds: &self.bounds,
-            },
-            &mut self.parts,
-        )
+    /// What every part reads during a window.
+    fn ctx(&self) -> Ctx {
+        Ctx {
+            cfg: self.cfg,
+            up: self.up.clone(),
+            frame_ns: self.frame_ns,
+            nlinks: self.up.len() * 6,
+            bounds: self.bounds.clone(),
+        }
     }
 
     /// The part server `i` is in, and its index there.
@@ -311,7 +316,7 @@ impl Sim {
 
     fn wake(&mut self, i: usize, at: Time) {
         let (p, li) = self.at(i);
-        let (ctx, parts) = self.split();
+        let (ctx, parts) = (self.ctx(), &mut self.parts);
         parts[p].wake(&ctx, li, at);
     }
 
@@ -325,7 +330,7 @@ impl Sim {
         opts: MsgOptions,
     ) -> Result<(), SendError> {
         let (p, li) = self.at(i);
-        let (ctx, parts) = self.split();
+        let (ctx, parts) = (self.ctx(), &mut self.parts);
         let r = parts[p].send(&ctx, li, target, service, data, opts);
         if self.up[i] {
             self.serviced.push(i as u32);
@@ -344,19 +349,28 @@ impl Sim {
         data: &[u8],
         opts: MsgOptions,
     ) -> Vec<Result<(), SendError>> {
-        let threads = self.threads;
         let mut mine: Vec<Vec<(usize, usize, Target)>> = vec![Vec::new(); self.parts.len()];
         for (k, &(i, target)) in sends.iter().enumerate() {
             let (p, li) = self.at(i);
             mine[p].push((k, li, target));
         }
-        let (ctx, parts) = self.split();
-        let done = window::each_part(parts, threads, |p, part| {
+        let (ctx, parts) = (self.ctx(), &mut self.parts);
+        let send = move |p: usize, part: &mut Part, data: &[u8]| {
             mine[p]
                 .iter()
                 .map(|&(k, li, target)| (k, part.send(&ctx, li, target, service, data, opts)))
                 .collect::<Vec<_>>()
-        });
+        };
+        let done = match &self.workers {
+            Some(w) => {
+                // The workers outlive this call: they get their own copy of the message.
+                let data: Arc<[u8]> = data.into();
+                w.each_part(parts, move |p, part| send(p, part, &data))
+            }
+            None => (0..parts.len())
+                .map(|p| send(p, &mut parts[p], data))
+                .collect(),
+        };
         let mut out = vec![Ok(()); sends.len()];
         for (k, r) in done.into_iter().flatten() {
             out[k] = r;
@@ -373,7 +387,7 @@ impl Sim {
     /// the views change only when [`Sim::set_server`] reports the failure (detection).
     pub fn crash(&mut self, c: Coord) {
         let i = self.cfg.dims.index(c);
-        self.up[i] = false;
+        Arc::make_mut(&mut self.up)[i] = false;
         let (p, li) = self.at(i);
         self.parts[p].crash(li);
     }
@@ -392,7 +406,7 @@ impl Sim {
                 }
                 *self.node_mut(i) = n;
             }
-            self.up[i] = true;
+            Arc::make_mut(&mut self.up)[i] = true;
         } else {
             self.crash(c);
         }
@@ -446,10 +460,9 @@ impl Sim {
                 on_event(now, i, e);
             }
         }
-        let threads = self.threads;
         let lookahead = window::lookahead(&self.cfg);
-        let (ctx, parts) = self.split();
-        window::run(parts, &ctx, until, lookahead, threads);
+        let (ctx, parts) = (self.ctx(), &mut self.parts);
+        window::run(parts, &ctx, until, lookahead, self.workers.as_ref());
         for (t, _, i, e) in window::merged_events(parts) {
             on_event(t, i, e);
         }

@@ -11,6 +11,7 @@
 //! threads there are.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use super::frame::{FramePool, FrameSlab, SimFrame};
 use super::queue::EventQueue;
@@ -25,24 +26,25 @@ use crate::wire::ETH_LEN;
 /// Frames a server holds in transit before it drops forwarded frames.
 const TRANSIT_LIMIT: usize = 256;
 
-/// What every part reads and none changes during a window.
-#[derive(Clone, Copy)]
-pub(super) struct Ctx<'a> {
-    pub(super) cfg: &'a SimConfig,
+/// What every part reads and none changes during a window (cheap to clone: the threads
+/// that run parts each hold one).
+#[derive(Clone)]
+pub(super) struct Ctx {
+    pub(super) cfg: SimConfig,
     /// Whether each server is up (changed only between runs).
-    pub(super) up: &'a [bool],
+    pub(super) up: Arc<Vec<bool>>,
     /// Transmission time of a full frame, ns.
     pub(super) frame_ns: u64,
     /// Links in the whole torus (ids below it are links; above, server wake-ups).
     pub(super) nlinks: usize,
     /// First server of every part, then the number of servers.
-    pub(super) bounds: &'a [usize],
+    pub(super) bounds: Arc<Vec<usize>>,
 }
 
-impl Ctx<'_> {
+impl Ctx {
     /// The part server `i` belongs to.
     pub(super) fn part_of(&self, i: usize) -> usize {
-        part_of(self.bounds, i)
+        part_of(&self.bounds, i)
     }
 }
 
@@ -134,7 +136,7 @@ impl Part {
     }
 
     /// Asks for server `li` (local index) to be serviced at `at`.
-    pub(super) fn wake(&mut self, ctx: &Ctx<'_>, li: usize, at: Time) {
+    pub(super) fn wake(&mut self, ctx: &Ctx, li: usize, at: Time) {
         if self.wake_at[li].is_some_and(|t| t <= at && t >= self.now) {
             return;
         }
@@ -160,7 +162,7 @@ impl Part {
     /// Frames of backlog a link may hold for frames in transit, and for the server's own:
     /// a quarter of the queue, so that traffic passing through always finds room and is not
     /// dropped to be retransmitted end to end because a busy server filled its links.
-    fn limit(ctx: &Ctx<'_>, transit: bool) -> u64 {
+    fn limit(ctx: &Ctx, transit: bool) -> u64 {
         let q = u64::from(ctx.cfg.queue_frames.max(1));
         if transit {
             q
@@ -170,7 +172,7 @@ impl Part {
     }
 
     /// Links of `li` with room in their transmit queue for transit or own frames.
-    fn room(&self, ctx: &Ctx<'_>, li: usize, transit: bool) -> DirSet {
+    fn room(&self, ctx: &Ctx, li: usize, transit: bool) -> DirSet {
         let limit = ctx.frame_ns * Self::limit(ctx, transit);
         let mut r = DirSet::EMPTY;
         for d in ctx.cfg.dims.link_dirs().iter() {
@@ -186,7 +188,7 @@ impl Part {
     /// shortest paths in a torus tie (every dimension a packet still has to cross, and both
     /// ways round an even ring at half the way), and spreading over the ties by load is
     /// what lets all-to-all traffic use every link.
-    fn least_loaded(&self, ctx: &Ctx<'_>, li: usize, hops: DirSet, room: DirSet) -> Option<Dir> {
+    fn least_loaded(&self, ctx: &Ctx, li: usize, hops: DirSet, room: DirSet) -> Option<Dir> {
         let mut with_room = hops.iter().filter(|h| room.contains(*h));
         if !ctx.cfg.spread_by_load {
             return with_room.next();
@@ -197,7 +199,7 @@ impl Part {
     /// When a full link of `li` has drained half of what `transit` or own frames may fill,
     /// the earliest. Waking for every single free slot would cost an event per frame sent;
     /// refilling in batches, as a NIC's transmit ring is, still never lets the link idle.
-    fn next_room(&self, ctx: &Ctx<'_>, li: usize, transit: bool) -> Option<Time> {
+    fn next_room(&self, ctx: &Ctx, li: usize, transit: bool) -> Option<Time> {
         let refill = ctx.frame_ns * (Self::limit(ctx, transit) / 2).max(1);
         ctx.cfg
             .dims
@@ -215,7 +217,7 @@ impl Part {
     }
 
     /// Passes on the first frame in transit at `li` that has a next hop with room.
-    fn send_transit(&mut self, ctx: &Ctx<'_>, li: usize, room: DirSet) -> bool {
+    fn send_transit(&mut self, ctx: &Ctx, li: usize, room: DirSet) -> bool {
         let Some((k, h)) = self.transit[li]
             .iter()
             .enumerate()
@@ -233,7 +235,7 @@ impl Part {
     }
 
     /// Lets the engine of `li` put out one frame of its own on a link in `room`.
-    fn send_own(&mut self, ctx: &Ctx<'_>, li: usize, room: DirSet) -> bool {
+    fn send_own(&mut self, ctx: &Ctx, li: usize, room: DirSet) -> bool {
         let now = self.now;
         let mut buf = self.pool.take(ETH_LEN + ctx.cfg.transport.mtu);
         match self.nodes[li].poll_transmit(now, room, &mut buf) {
@@ -251,7 +253,7 @@ impl Part {
 
     /// Puts `frame` on link `dir` of `li`: behind what the link is still sending, then a
     /// propagation delay to the far end.
-    pub(super) fn transmit(&mut self, ctx: &Ctx<'_>, li: usize, dir: Dir, frame: SimFrame) {
+    pub(super) fn transmit(&mut self, ctx: &Ctx, li: usize, dir: Dir, frame: SimFrame) {
         let local = li * 6 + usize::from(dir.index());
         let id = (self.lo * 6 + local) as u32;
         let j = self.links[local].far as usize;
@@ -294,7 +296,7 @@ impl Part {
     /// everything else).
     pub(super) fn send(
         &mut self,
-        ctx: &Ctx<'_>,
+        ctx: &Ctx,
         li: usize,
         target: Target,
         service: u16,
@@ -312,7 +314,7 @@ impl Part {
     }
 
     /// Lets server `li` act: timers, then frames while its links have room.
-    pub(super) fn service(&mut self, ctx: &Ctx<'_>, li: usize) {
+    pub(super) fn service(&mut self, ctx: &Ctx, li: usize) {
         if !ctx.up[self.lo + li] {
             return;
         }
@@ -363,7 +365,7 @@ impl Part {
     }
 
     /// Processes every pending event due at or before `end`.
-    pub(super) fn run_window(&mut self, ctx: &Ctx<'_>, end: Time) {
+    pub(super) fn run_window(&mut self, ctx: &Ctx, end: Time) {
         while let Some((t, id, slot)) = self.heap.peek() {
             if t > end {
                 break;
@@ -392,7 +394,7 @@ impl Part {
     /// Starts loading the frame the next event delivers. Frames wait on links long enough
     /// to leave the cache, so reading one is a memory miss per hop; issued one event ahead,
     /// it overlaps with this event's work instead of stalling the next.
-    fn touch_next(&mut self, ctx: &Ctx<'_>) {
+    fn touch_next(&mut self, ctx: &Ctx) {
         if let Some((_, id, slot)) = self.heap.peek() {
             if (id as usize) < ctx.nlinks {
                 self.on_links.prefetch(slot as u32);
@@ -401,7 +403,7 @@ impl Part {
     }
 
     /// Hands a frame that crossed link `gid` to the server at its far end (one of ours).
-    fn arrive(&mut self, ctx: &Ctx<'_>, t: Time, gid: usize, frame: SimFrame) {
+    fn arrive(&mut self, ctx: &Ctx, t: Time, gid: usize, frame: SimFrame) {
         let Some(dir) = Dir::from_index((gid % 6) as u8) else {
             return;
         };

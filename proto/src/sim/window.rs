@@ -10,9 +10,10 @@
 //! their order are the same either way, and so is the result.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::part::{Crossing, Ctx, Emitted, Part};
+use super::workers::Workers;
 use super::SimConfig;
 use crate::time::Time;
 
@@ -23,49 +24,31 @@ pub(super) fn lookahead(cfg: &SimConfig) -> u64 {
     cfg.delay.as_nanos() as u64 + min_tx
 }
 
-/// Runs every part until `until` (inclusive), on `threads` threads.
-pub(super) fn run(parts: &mut [Part], ctx: &Ctx<'_>, until: Time, lookahead: u64, threads: usize) {
-    if parts.len() == 1 || threads <= 1 || lookahead == 0 {
+/// Runs every part until `until` (inclusive): on the workers' threads, one part each, when
+/// there are workers; else one part after the other on this thread.
+pub(super) fn run(
+    parts: &mut Vec<Part>,
+    ctx: &Ctx,
+    until: Time,
+    lookahead: u64,
+    workers: Option<&Workers>,
+) {
+    let n = parts.len();
+    let workers = workers.filter(|w| n > 1 && lookahead > 0 && w.all_started(n));
+    let Some(workers) = workers else {
         run_alone(parts, ctx, until, lookahead);
         return;
-    }
-    let shared = Shared {
-        mail: (0..parts.len()).map(|_| Mutex::new(Vec::new())).collect(),
-        next: (0..parts.len()).map(|_| AtomicU64::new(u64::MAX)).collect(),
-        free: (0..parts.len()).map(|_| AtomicU64::new(u64::MAX)).collect(),
-        barrier: SpinBarrier::new(parts.len()),
     };
-    each_part(parts, threads, |k, p| {
-        run_part(k, p, ctx, &shared, until, lookahead)
+    let shared = Arc::new(Shared {
+        mail: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
+        next: (0..n).map(|_| AtomicU64::new(u64::MAX)).collect(),
+        free: (0..n).map(|_| AtomicU64::new(u64::MAX)).collect(),
+        barrier: SpinBarrier::new(n),
     });
-}
-
-/// Calls `f(k, part)` for every part, the parts spread over `threads` threads.
-pub(super) fn each_part<R: Send>(
-    parts: &mut [Part],
-    threads: usize,
-    f: impl Fn(usize, &mut Part) -> R + Sync,
-) -> Vec<R> {
-    if threads <= 1 || parts.len() == 1 {
-        return parts.iter_mut().enumerate().map(|(k, p)| f(k, p)).collect();
-    }
-    std::thread::scope(|s| {
-        let f = &f;
-        let (first, rest) = parts.split_at_mut(1);
-        let handles: Vec<_> = rest
-            .iter_mut()
-            .enumerate()
-            .map(|(k, p)| s.spawn(move || f(k + 1, p)))
-            .collect();
-        let mut out = vec![f(0, &mut first[0])];
-        for h in handles {
-            match h.join() {
-                Ok(r) => out.push(r),
-                Err(e) => std::panic::resume_unwind(e),
-            }
-        }
-        out
-    })
+    let ctx = ctx.clone();
+    workers.each_part(parts, move |k, p| {
+        run_part(k, p, &ctx, &shared, until, lookahead)
+    });
 }
 
 /// The end (inclusive) of the window that starts at `start`, when no link between parts is
@@ -79,7 +62,7 @@ fn window_end(start: Time, free: u64, until: Time, lookahead: u64) -> Time {
 }
 
 /// The parts' windows one after the other on this thread.
-fn run_alone(parts: &mut [Part], ctx: &Ctx<'_>, until: Time, lookahead: u64) {
+fn run_alone(parts: &mut [Part], ctx: &Ctx, until: Time, lookahead: u64) {
     loop {
         let crossing: Vec<Crossing> = parts
             .iter_mut()
@@ -123,7 +106,7 @@ struct Shared {
 }
 
 /// One thread's part through every window of the run.
-fn run_part(me: usize, p: &mut Part, ctx: &Ctx<'_>, sh: &Shared, until: Time, lookahead: u64) {
+fn run_part(me: usize, p: &mut Part, ctx: &Ctx, sh: &Shared, until: Time, lookahead: u64) {
     loop {
         // Leave what crossed for its parts; once everyone has, take ours.
         // A lock per frame: uncontended but for the moment the other part does the same.
