@@ -13,6 +13,7 @@ use super::pacing::PeerPacing;
 use super::pool::BufferPool;
 use super::receiver::{RecvConfig, RecvWindow};
 use super::sender::{SendConfig, SendWindow};
+use super::stripe::Stripe;
 use super::{LinkId, LinkSet};
 use crate::time::Time;
 use crate::topology::Coord;
@@ -57,8 +58,8 @@ pub struct Connection {
     pub sent: Completions,
     /// What receiver pacing keeps about the peer.
     pub pace: PeerPacing,
-    /// The link the last frame went out on (striping cursor).
-    rr: LinkId,
+    /// Striping of its reliable frames over the links.
+    rr: Stripe,
     cfg: ConnConfig,
 }
 
@@ -78,7 +79,7 @@ impl Connection {
             life: Lifecycle::new(cid, cfg.life),
             sent: Completions::default(),
             pace: PeerPacing::default(),
-            rr: LinkId::MAX,
+            rr: Stripe::default(),
             cfg,
         }
     }
@@ -97,53 +98,6 @@ impl Connection {
 
     /// Round-robin striping: the first usable link after the one used last.
     pub fn next_link(&mut self, usable: LinkSet) -> Option<LinkId> {
-        if usable.is_empty() {
-            return None;
-        }
-        let start = self.rr.wrapping_add(1);
-        let link = (0..LinkSet::CAPACITY)
-            .map(|k| start.wrapping_add(k) % LinkSet::CAPACITY)
-            .find(|l| usable.contains(*l))?;
-        self.rr = link;
-        Some(link)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn stripes_round_robin_over_usable_links() {
-        let cfg = ConnConfig {
-            send: SendConfig {
-                window: 8,
-                min_rto: Duration::from_millis(1),
-                max_rto: Duration::from_millis(10),
-                initial_rto: Duration::from_millis(2),
-            },
-            recv: RecvConfig {
-                window: 8,
-                ack_every: 2,
-                ack_delay: Duration::from_micros(10),
-                nack_threshold: 3,
-                nack_retry: Duration::from_millis(1),
-                nack_retry_min: Duration::from_micros(10),
-            },
-            life: LifecycleConfig {
-                broken_after: Duration::from_secs(1),
-                sync_retry: Duration::from_millis(5),
-            },
-            max_message: 1000,
-        };
-        let mut c = Connection::new(Coord::default(), 1, cfg);
-        let three = LinkSet::first(3);
-        let picks: Vec<LinkId> = (0..6).filter_map(|_| c.next_link(three)).collect();
-        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
-        let two = three.without(1);
-        let picks: Vec<LinkId> = (0..4).filter_map(|_| c.next_link(two)).collect();
-        assert_eq!(picks, [0, 2, 0, 2]);
-        assert_eq!(c.next_link(LinkSet::EMPTY), None);
+        self.rr.next(usable)
     }
 }

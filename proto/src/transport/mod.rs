@@ -39,6 +39,7 @@ pub mod pool;
 pub mod receiver;
 pub mod sender;
 pub mod seqnum;
+pub mod stripe;
 
 use std::collections::VecDeque;
 
@@ -509,7 +510,11 @@ pub struct Transport {
     cfg: Config,
     /// Boxed: a connection is most of a kilobyte, and lookups probe several entries; in
     /// place they would stride through cache lines of other connections.
+    /// Only peers with reliable traffic have one: a server sending short messages to
+    /// thousands of peers keeps nothing per peer for them.
     conns: FxHashMap<Coord, Box<Connection>>,
+    /// Striping of short (unreliable) frames, which belong to no connection.
+    short_stripe: stripe::Stripe,
     /// Peers with retransmissions, NACKs or ACKs to send.
     urgent: VecDeque<Coord>,
     queues: FairQueue,
@@ -560,6 +565,7 @@ impl Transport {
             local,
             cfg,
             conns: FxHashMap::default(),
+            short_stripe: stripe::Stripe::default(),
             urgent: VecDeque::new(),
             queues: FairQueue::new(cfg.queue_bytes),
             events: Inbox::default(),
@@ -724,13 +730,14 @@ impl Transport {
     /// acknowledged is reported failed, its memory is released, and a later send starts a
     /// new instance.
     pub fn abort(&mut self, peer: Coord, reason: FailReason) {
-        let Some(mut c) = self.conns.remove(&peer) else {
-            return;
-        };
-        let mut failed: Vec<(u16, u64)> = c.sent.drain().collect();
+        let mut failed: Vec<(u16, u64)> = Vec::new();
+        if let Some(mut c) = self.conns.remove(&peer) {
+            failed.extend(c.sent.drain());
+            c.send.release(&mut self.pool);
+            self.stats.broken += 1;
+        }
+        // Short messages to it wait in the queues without a connection.
         failed.extend(self.queues.remove_dest(peer));
-        c.send.release(&mut self.pool);
-        self.stats.broken += 1;
         self.report_failed(peer, failed, reason);
     }
 
@@ -796,9 +803,12 @@ impl Transport {
             });
         }
         let peers = self.conns.len();
+        // Short messages need no connection: nothing about them is acknowledged.
         let known = match self.conns.get_mut(&m.dest) {
             Some(c) => Some(c),
-            None if peers >= self.cfg.max_peers => return Err(SendError::TooManyPeers),
+            None if m.reliable && peers >= self.cfg.max_peers => {
+                return Err(SendError::TooManyPeers)
+            }
             None => None,
         };
         let q = Queued {
@@ -817,6 +827,9 @@ impl Transport {
         self.queues
             .push(m.from, q, m.data)
             .map_err(|_| SendError::WouldBlock)?;
+        if !m.reliable {
+            return Ok(());
+        }
         // One lookup on the steady path (a known peer, established): this runs per message.
         let c = match known {
             Some(c) => c,
@@ -826,7 +839,7 @@ impl Transport {
             }
         };
         c.queued += 1;
-        if m.reliable && !c.life.established() {
+        if !c.life.established() {
             // Nothing goes before the handshake: ask for it, and start the deadline.
             c.life.want_sync(now);
             c.life.set_waiting(now, true, false);
@@ -1492,12 +1505,6 @@ impl Transport {
             if usable.is_empty() {
                 continue;
             }
-            let Some(conn) = self.conns.get_mut(&head.dest) else {
-                continue;
-            };
-            if head.reliable && !(conn.life.established() && conn.send.can_send()) {
-                continue;
-            }
             if !self.cfg.agg_delay.is_zero()
                 && self.cfg.aggregate
                 && now < head.enqueued + self.cfg.agg_delay
@@ -1505,20 +1512,38 @@ impl Transport {
             {
                 continue;
             }
-            let link = conn.next_link(usable)?;
-            grant(&self.pacing, &mut self.starved, conn);
-            let t = build_data_frame(
-                self.local,
-                &self.cfg,
-                now,
-                conn,
-                self.queues.queue_mut(qi),
-                link,
-                buf,
-                &mut self.stats,
-                &mut self.pool,
-                keep.and_then(|k| k.handle),
-            );
+            let t = if head.reliable {
+                let Some(conn) = self.conns.get_mut(&head.dest) else {
+                    continue;
+                };
+                if !(conn.life.established() && conn.send.can_send()) {
+                    continue;
+                }
+                let link = conn.next_link(usable)?;
+                grant(&self.pacing, &mut self.starved, conn);
+                build_data_frame(
+                    self.local,
+                    &self.cfg,
+                    now,
+                    conn,
+                    self.queues.queue_mut(qi),
+                    link,
+                    buf,
+                    &mut self.stats,
+                    &mut self.pool,
+                    keep.and_then(|k| k.handle),
+                )
+            } else {
+                let link = self.short_stripe.next(usable)?;
+                build_short_frame(
+                    self.local,
+                    &self.cfg,
+                    self.queues.queue_mut(qi),
+                    link,
+                    buf,
+                    &mut self.stats,
+                )
+            };
             self.queues.used_turn(qi);
             self.note(head.dest);
             return Some(t);
@@ -1575,8 +1600,66 @@ fn grant(p: &RxPacing, starved: &mut Vec<Coord>, c: &mut Connection) {
     }
 }
 
-/// Frames the head of `q` (and, aggregating, the messages after it to the same peer) into
-/// `buf` for `link`; records reliable frames in the send window.
+/// Frames the short (unreliable) message at the head of `q` (and, aggregating, the short
+/// messages after it to the same peer) into `buf` for `link`. Nothing is kept: short frames
+/// are neither numbered nor acknowledged, and belong to no connection.
+fn build_short_frame(
+    local: Coord,
+    cfg: &Config,
+    q: &mut fair_queue::ServiceQueue,
+    link: LinkId,
+    buf: &mut [u8],
+    stats: &mut Stats,
+) -> Transmit {
+    let from = q.service;
+    let mut t = Transmit {
+        kept: false,
+        link,
+        len: 0,
+        kind: TxKind::Short,
+        messages: 0,
+        service: None,
+    };
+    let Some(head) = q.head().copied() else {
+        return t;
+    };
+    let room = cfg.max_payload();
+    let mut h = Header::new(Kind::Data, local, Dest::Server(head.dest));
+    h.service = head.service;
+    let payload = &mut buf[HEADERS_LEN..ETH_LEN + cfg.mtu];
+    // A short message always fits one frame with its header (sends check it), so the head
+    // is taken whole, alone or with the short messages to the same peer behind it.
+    let (plen, messages) = if cfg.aggregate {
+        h.flags |= flags::AGGREGATED;
+        let (mut used, mut count) = (0usize, 0usize);
+        for m in q.iter() {
+            let need = MSG_HEADER_LEN + m.len as usize;
+            if m.dest != head.dest || m.reliable || used + need > room {
+                break;
+            }
+            used += need;
+            count += 1;
+        }
+        q.take_aggregated(count, &mut payload[..used]);
+        (used, count)
+    } else {
+        let len = (head.len as usize).min(room);
+        q.take(&mut payload[..len]);
+        (len, 1)
+    };
+    h.payload_len = plen as u16;
+    let _ = h.emit(buf);
+    stats.short_frames += 1;
+    stats.short_messages_sent += messages as u64;
+    t.len = HEADERS_LEN + plen;
+    t.messages = messages as u32;
+    t.service = Some(from);
+    t
+}
+
+/// Frames the reliable message at the head of `q` (and, aggregating, the reliable messages
+/// after it to the same peer) into `buf` for `link`, and records the frame in the send
+/// window.
 #[allow(clippy::too_many_arguments)]
 fn build_data_frame(
     local: Coord,
@@ -1598,23 +1681,20 @@ fn build_data_frame(
             kept: false,
             link,
             len: 0,
-            kind: TxKind::Short,
+            kind: TxKind::Data,
             messages: 0,
             service: None,
         };
     };
     let dest = head.dest;
-    let reliable = head.reliable;
     let room = cfg.max_payload();
     let mut h = Header::new(Kind::Data, local, Dest::Server(dest));
     h.service = head.service;
-    // The frame that will carry this frame's sequence number (reliable frames only).
+    // The sequence number this frame will carry.
     let seq = conn.send.next_seq();
-    if reliable {
-        h.flags |= flags::RELIABLE;
-        h.conn = conn.life.cid();
-        h.peer_conn = conn.life.peer_cid().unwrap_or(0);
-    }
+    h.flags |= flags::RELIABLE;
+    h.conn = conn.life.cid();
+    h.peer_conn = conn.life.peer_cid().unwrap_or(0);
     let payload = &mut buf[HEADERS_LEN..ETH_LEN + cfg.mtu];
     let mut messages = 0u32;
     let prog = q.head_progress();
@@ -1628,21 +1708,19 @@ fn build_data_frame(
         let mut count = 0usize;
         for m in q.iter() {
             let need = MSG_HEADER_LEN + m.len as usize;
-            if m.dest != dest || m.reliable != reliable || used + need > room {
+            if m.dest != dest || !m.reliable || used + need > room {
                 break;
             }
             // Only the head can be partly sent, and then it is not aggregated (whole_fits).
             used += need;
             count += 1;
-            if reliable {
-                let msn = conn.next_msn;
-                conn.next_msn += 1;
-                first_msn.get_or_insert(msn);
-                if m.fences.forward {
-                    conn.last_fwd = Some(msn);
-                }
-                conn.sent.on_framed(from, m.tag, seq);
+            let msn = conn.next_msn;
+            conn.next_msn += 1;
+            first_msn.get_or_insert(msn);
+            if m.fences.forward {
+                conn.last_fwd = Some(msn);
             }
+            conn.sent.on_framed(from, m.tag, seq);
         }
         // The messages wait in wire form: the run is one copy.
         q.take_aggregated(count, &mut payload[..used]);
@@ -1660,20 +1738,17 @@ fn build_data_frame(
         plen = len;
         messages = 1;
         conn.queued = conn.queued.saturating_sub(1);
-        if reliable {
-            let msn = conn.next_msn;
-            conn.next_msn += 1;
-            conn.sent.on_framed(from, head.tag, seq);
-            h.flags |= flags::FRAG_FIRST | flags::FRAG_LAST | fence_flags(head.fences);
-            h.msn = seqnum::truncate(msn);
-            h.fence = fence_distance(msn, conn.last_fwd);
-            if head.fences.forward {
-                conn.last_fwd = Some(msn);
-            }
+        let msn = conn.next_msn;
+        conn.next_msn += 1;
+        conn.sent.on_framed(from, head.tag, seq);
+        h.flags |= flags::FRAG_FIRST | flags::FRAG_LAST | fence_flags(head.fences);
+        h.msn = seqnum::truncate(msn);
+        h.fence = fence_distance(msn, conn.last_fwd);
+        if head.fences.forward {
+            conn.last_fwd = Some(msn);
         }
     } else {
-        // A fragment of a message larger than one frame (reliable only: short messages
-        // were refused at send when they did not fit).
+        // A fragment of a message larger than one frame.
         let (msn, wait_for) = match prog.msn {
             Some(m) => (m, prog.wait_for),
             None => {
@@ -1711,54 +1786,40 @@ fn build_data_frame(
     }
     h.payload_len = plen as u16;
     let len = HEADERS_LEN + plen;
-    if reliable {
-        h.seq = seqnum::truncate(conn.send.next_seq());
-        h.flags |= flags::ACK_VALID | flags::SACK_VALID;
-        h.ack = seqnum::truncate(conn.recv.cum_ack());
-        h.sack = conn.recv.sack_bits();
-        h.rwnd = conn.pace.granted;
-        conn.recv.on_ack_sent();
-        // Emit cannot fail: buf was checked to hold a whole frame.
-        let _ = h.emit(buf);
-        let frame = match keep {
-            // Kept where it was built: the driver holds the buffer until it is released.
-            Some(handle) => {
-                stats.kept_frames += 1;
-                KeptFrame::Driver {
-                    handle,
-                    len: (len - ETH_LEN) as u32,
-                }
+    h.seq = seqnum::truncate(conn.send.next_seq());
+    h.flags |= flags::ACK_VALID | flags::SACK_VALID;
+    h.ack = seqnum::truncate(conn.recv.cum_ack());
+    h.sack = conn.recv.sack_bits();
+    h.rwnd = conn.pace.granted;
+    conn.recv.on_ack_sent();
+    // Emit cannot fail: buf was checked to hold a whole frame.
+    let _ = h.emit(buf);
+    let frame = match keep {
+        // Kept where it was built: the driver holds the buffer until it is released.
+        Some(handle) => {
+            stats.kept_frames += 1;
+            KeptFrame::Driver {
+                handle,
+                len: (len - ETH_LEN) as u32,
             }
-            None => {
-                let mut copy = pool.take();
-                copy.extend_from_slice(&buf[ETH_LEN..len]);
-                KeptFrame::Owned(copy)
-            }
-        };
-        conn.send.on_sent_frame(now, frame);
-        conn.life.set_waiting(now, true, false);
-        stats.data_frames += 1;
-        stats.messages_sent += u64::from(messages);
-        Transmit {
-            kept: keep.is_some(),
-            link,
-            len,
-            kind: TxKind::Data,
-            messages,
-            service: Some(from),
         }
-    } else {
-        let _ = h.emit(buf);
-        stats.short_frames += 1;
-        stats.short_messages_sent += u64::from(messages);
-        Transmit {
-            kept: false,
-            link,
-            len,
-            kind: TxKind::Short,
-            messages,
-            service: Some(from),
+        None => {
+            let mut copy = pool.take();
+            copy.extend_from_slice(&buf[ETH_LEN..len]);
+            KeptFrame::Owned(copy)
         }
+    };
+    conn.send.on_sent_frame(now, frame);
+    conn.life.set_waiting(now, true, false);
+    stats.data_frames += 1;
+    stats.messages_sent += u64::from(messages);
+    Transmit {
+        kept: keep.is_some(),
+        link,
+        len,
+        kind: TxKind::Data,
+        messages,
+        service: Some(from),
     }
 }
 
