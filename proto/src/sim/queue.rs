@@ -14,7 +14,7 @@ use std::collections::BinaryHeap;
 use crate::time::Time;
 
 /// `(due, id, address)`: see [`super::Sim`].
-pub(super) type Entry = (Time, u32, usize);
+pub(super) type Entry = (Time, u32, u64);
 
 /// Width of a bucket: 2^9 ns.
 const SHIFT: u32 = 9;
@@ -124,7 +124,7 @@ mod tests {
                     1 => 0,
                     _ => rng.below(1 << 21),
                 };
-                let e = (Time(now + ahead), rng.below(50) as u32, step as usize);
+                let e = (Time(now + ahead), rng.below(50) as u32, u64::from(step));
                 q.push(e);
                 heap.push(Reverse(e));
             } else {

@@ -69,7 +69,7 @@ fn run_alone(parts: &mut [Part], ctx: &Ctx, until: Time, lookahead: u64) {
             .flat_map(|p| std::mem::take(&mut p.outbox))
             .collect();
         for c in crossing {
-            parts[c.to_part].accept(c.link, c.arrive, c.frame);
+            parts[c.to_part].accept(c.link, c.far, c.arrive, c.frame);
         }
         let Some(start) = parts.iter_mut().filter_map(|p| p.next_time()).min() else {
             break;
@@ -115,7 +115,7 @@ fn run_part(me: usize, p: &mut Part, ctx: &Ctx, sh: &Shared, until: Time, lookah
         }
         sh.barrier.wait();
         for c in std::mem::take(&mut *lock(&sh.mail[me])) {
-            p.accept(c.link, c.arrive, c.frame);
+            p.accept(c.link, c.far, c.arrive, c.frame);
         }
         sh.next[me].store(p.next_time().map_or(u64::MAX, |t| t.0), Ordering::Release);
         sh.free[me].store(p.boundary_free(), Ordering::Release);
