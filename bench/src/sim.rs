@@ -117,9 +117,25 @@ struct Out {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Threads to run the simulator on (the torus is split into as many parts, run in
-    /// parallel windows; the result is the same whatever the number).
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
+    /// parallel windows; the result is the same whatever the number). Default: every core
+    /// for tori of 512 servers or more, one below.
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// Servers from which a run uses every core unless told otherwise: below it a part's
+/// windows last microseconds and two parts spend them waiting for each other.
+const PARALLEL_FROM: u64 = 512;
+
+/// The threads for a torus of `k`^3 servers: `asked`, or every core from [`PARALLEL_FROM`] servers up.
+pub(crate) fn threads_for(asked: Option<usize>, k: u16) -> usize {
+    asked.unwrap_or_else(|| {
+        if u64::from(k).pow(3) >= PARALLEL_FROM {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            1
+        }
+    })
 }
 
 /// The simulated torus of the experiments: k x k x k, 1 Gb/s links, 1 us, MTU 9000.
@@ -492,7 +508,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                     load: *load,
                     to_failed: false,
                     spread: !first_hop,
-                    threads: out.threads,
+                    threads: threads_for(out.threads, k),
                 };
                 let p = alltoall(k, 0.0, &tr)?;
                 if !out.json {
@@ -556,7 +572,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                     load: *load,
                     to_failed: *to_failed,
                     spread: !first_hop,
-                    threads: out.threads,
+                    threads: threads_for(out.threads, *k),
                 };
                 let p = alltoall(*k, f, &tr)?;
                 if !out.json {
@@ -628,7 +644,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                     refresh_s: *refresh_s,
                     holddown_ms: *holddown_ms,
                     seed: out.seed,
-                    threads: out.threads,
+                    threads: threads_for(out.threads, *k),
                 };
                 let r = churn(&o, cfg(*k, true)?)?;
                 if !out.json {
@@ -829,6 +845,15 @@ mod tests {
             v.as_object_mut().unwrap().remove(k);
         }
         v.to_string()
+    }
+
+    #[test]
+    fn large_tori_use_every_core_unless_told() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(threads_for(None, 4), 1);
+        assert_eq!(threads_for(None, 8), cores);
+        assert_eq!(threads_for(Some(1), 16), 1);
+        assert_eq!(threads_for(Some(3), 4), 3);
     }
 
     #[test]

@@ -296,9 +296,9 @@ pub struct Args {
     /// Seed (picks the failures, the same for every mode).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Threads to run the simulator on.
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
+    /// Threads to run the simulator on (default: every core for 512 servers or more).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 /// Runs the sweep and prints a table (or JSON), and charts with `--plot`.
@@ -322,7 +322,8 @@ pub fn run(a: &Args) -> Result<(), String> {
     for &pattern in &a.patterns {
         for &f in &percents {
             for &mode in &a.modes {
-                let p = run_point(a.k, mode, pattern, f, a.ms, a.seed, a.threads)?;
+                let threads = crate::sim::threads_for(a.threads, a.k);
+                let p = run_point(a.k, mode, pattern, f, a.ms, a.seed, threads)?;
                 if !a.json {
                     println!(
                         "{:>8} {:>9} {:>4.0}% failed: {:>7.1} Gb/s aggregate, ABT {:.1} ({:.3} per live server, {:.0}% of the live bound {:.1}); probes {:.2}% of data frames, {} path switches; {:.1} s",
