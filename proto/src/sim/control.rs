@@ -20,7 +20,7 @@ impl Sim {
     /// [`Sim::restart`] are the only way servers fail and return ([`Sim::set_server`]
     /// belongs to the shared-view mode). The views form within a few hello intervals.
     pub fn enable_control(&mut self, template: &ControlConfig) {
-        let n = self.up.len();
+        let n = self.ctx.up.len();
         self.control_template = Some(template.clone());
         for p in 0..self.parts.len() {
             let (lo, len) = (self.parts[p].lo, self.parts[p].len());
@@ -44,7 +44,7 @@ impl Sim {
     }
 
     fn new_control(&self, i: usize, incarnation: u64) -> ControlNode {
-        let dims = self.cfg.dims;
+        let dims = self.ctx.cfg.dims;
         let mut c = self
             .control_template
             .clone()
@@ -64,17 +64,17 @@ impl Sim {
     /// knows nothing of the torus, and a fresh control plane with its persisted coordinate,
     /// which learns the torus from its neighbours. Only with [`Sim::enable_control`].
     pub fn restart(&mut self, c: Coord) {
-        let i = self.cfg.dims.index(c);
-        if self.up[i] || !self.has_control() {
+        let i = self.ctx.cfg.dims.index(c);
+        if self.ctx.up[i] || !self.has_control() {
             return;
         }
-        let Ok(mut view) = LinkView::all_up(self.cfg.dims) else {
+        let Ok(mut view) = LinkView::all_up(self.ctx.cfg.dims) else {
             return;
         };
-        for o in self.cfg.dims.coords().filter(|o| *o != c) {
+        for o in self.ctx.cfg.dims.coords().filter(|o| *o != c) {
             let _ = view.set_server(o, false);
         }
-        let mut tc = self.cfg.transport;
+        let mut tc = self.ctx.cfg.transport;
         // Microseconds of simulated time: later than any earlier incarnation's, and its
         // control records' sequence numbers start past the old ones.
         let incarnation = self.now.0 / 1000 + 2;
@@ -87,7 +87,7 @@ impl Sim {
         let (p, li) = self.at(i);
         self.parts[p].nodes[li] = node;
         self.parts[p].control[li] = ctl;
-        std::sync::Arc::make_mut(&mut self.up)[i] = true;
+        std::sync::Arc::make_mut(&mut self.ctx.up)[i] = true;
         let now = self.now;
         self.wake(i, now);
     }

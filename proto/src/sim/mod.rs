@@ -112,18 +112,16 @@ impl SimStats {
 
 /// The simulator.
 pub struct Sim {
-    cfg: SimConfig,
+    /// The network, which servers are up and where the parts begin: what the parts read
+    /// during a run (the parts' threads get clones; `up` is copied on change only if one
+    /// still holds it).
+    ctx: Ctx,
     /// The servers, in contiguous ranges, each with its links and pending events.
     parts: Vec<Part>,
-    /// First server of every part, then the number of servers.
-    bounds: Arc<Vec<usize>>,
     /// Threads that run the parts.
     threads: usize,
     /// The threads beside the caller's that run parts, when there are several.
     workers: Option<Workers>,
-    /// Whether each server is up (shared with the parts' threads during a run; copied on
-    /// change only if one still held it).
-    up: Arc<Vec<bool>>,
     now: Time,
     view: LinkView,
     /// Servers serviced outside a run (by [`Sim::send`]), whose events are still to be
@@ -131,7 +129,6 @@ pub struct Sim {
     serviced: Vec<u32>,
     /// Counts of engines replaced by restarts.
     retired: SimStats,
-    frame_ns: u64,
     /// The settings every control plane starts from.
     control_template: Option<crate::control::ControlConfig>,
     /// Path selection every engine runs for its own traffic (source routing), when set.
@@ -188,17 +185,20 @@ impl Sim {
             parts.push(Part::new(lo, nodes, links));
         }
         Ok(Sim {
-            cfg,
+            ctx: Ctx {
+                cfg,
+                up: Arc::new(vec![true; n]),
+                frame_ns,
+                nlinks: n * 6,
+                bounds: Arc::new(bounds),
+            },
             parts,
-            bounds: Arc::new(bounds),
             threads,
             workers: (threads > 1).then(|| Workers::new(threads)),
-            up: Arc::new(vec![true; n]),
             now: Time::ZERO,
             view,
             serviced: Vec::new(),
             retired: SimStats::default(),
-            frame_ns,
             control_template: None,
             source_routing: None,
             meters: None,
@@ -220,8 +220,12 @@ impl Sim {
     /// step in which it falls due) and gives each engine its links' figures, as torusd's
     /// pollers do every 10 ms.
     pub fn measure_link_loads(&mut self, every: Duration) {
-        let n = self.cfg.dims.count() as usize * 6;
-        self.meters = Some((vec![LinkMeter::new(self.cfg.rate_bps); n], self.now, every));
+        let n = self.ctx.cfg.dims.count() as usize * 6;
+        self.meters = Some((
+            vec![LinkMeter::new(self.ctx.cfg.rate_bps); n],
+            self.now,
+            every,
+        ));
     }
 
     fn sample_link_loads(&mut self) {
@@ -230,7 +234,7 @@ impl Sim {
         };
         if self.now >= next {
             let now = self.now;
-            let frame_ns = self.frame_ns.max(1);
+            let frame_ns = self.ctx.frame_ns.max(1);
             for (gid, meter) in meters.iter_mut().enumerate() {
                 let (i, d) = (gid / 6, Dir::ALL[gid % 6]);
                 let (p, li) = self.at(i);
@@ -251,7 +255,7 @@ impl Sim {
 
     /// The torus.
     pub fn dims(&self) -> Dims {
-        self.cfg.dims
+        self.ctx.cfg.dims
     }
 
     /// Threads (and parts of the torus) the simulator runs on.
@@ -264,21 +268,10 @@ impl Sim {
         self.now
     }
 
-    /// What every part reads during a window.
-    fn ctx(&self) -> Ctx {
-        Ctx {
-            cfg: self.cfg,
-            up: self.up.clone(),
-            frame_ns: self.frame_ns,
-            nlinks: self.up.len() * 6,
-            bounds: self.bounds.clone(),
-        }
-    }
-
     /// The part server `i` is in, and its index there.
     fn at(&self, i: usize) -> (usize, usize) {
-        let p = part::part_of(&self.bounds, i);
-        (p, i - self.bounds[p])
+        let p = part::part_of(&self.ctx.bounds, i);
+        (p, i - self.ctx.bounds[p])
     }
 
     /// Counters so far.
@@ -299,7 +292,7 @@ impl Sim {
 
     /// Whether server `i` is up.
     pub fn is_up(&self, i: usize) -> bool {
-        self.up[i]
+        self.ctx.up[i]
     }
 
     /// Server `i`'s engine, to configure it (service weights and queues).
@@ -316,8 +309,7 @@ impl Sim {
 
     fn wake(&mut self, i: usize, at: Time) {
         let (p, li) = self.at(i);
-        let (ctx, parts) = (self.ctx(), &mut self.parts);
-        parts[p].wake(&ctx, li, at);
+        self.parts[p].wake(&self.ctx, li, at);
     }
 
     /// Sends a message from server `i` (the engine decides everything else).
@@ -330,9 +322,8 @@ impl Sim {
         opts: MsgOptions,
     ) -> Result<(), SendError> {
         let (p, li) = self.at(i);
-        let (ctx, parts) = (self.ctx(), &mut self.parts);
-        let r = parts[p].send(&ctx, li, target, service, data, opts);
-        if self.up[i] {
+        let r = self.parts[p].send(&self.ctx, li, target, service, data, opts);
+        if self.ctx.up[i] {
             self.serviced.push(i as u32);
         }
         r
@@ -354,7 +345,7 @@ impl Sim {
             let (p, li) = self.at(i);
             mine[p].push((k, li, target));
         }
-        let (ctx, parts) = (self.ctx(), &mut self.parts);
+        let (ctx, parts) = (self.ctx.clone(), &mut self.parts);
         let send = move |p: usize, part: &mut Part, data: &[u8]| {
             mine[p]
                 .iter()
@@ -376,7 +367,7 @@ impl Sim {
             out[k] = r;
         }
         for &(i, _) in sends {
-            if self.up[i] {
+            if self.ctx.up[i] {
                 self.serviced.push(i as u32);
             }
         }
@@ -386,8 +377,8 @@ impl Sim {
     /// Crashes server `c`: it stops at once (frames to it are lost), but nobody knows yet:
     /// the views change only when [`Sim::set_server`] reports the failure (detection).
     pub fn crash(&mut self, c: Coord) {
-        let i = self.cfg.dims.index(c);
-        Arc::make_mut(&mut self.up)[i] = false;
+        let i = self.ctx.cfg.dims.index(c);
+        Arc::make_mut(&mut self.ctx.up)[i] = false;
         let (p, li) = self.at(i);
         self.parts[p].crash(li);
     }
@@ -395,18 +386,18 @@ impl Sim {
     /// Fails or restores server `c` in everyone's view (as the control plane would after
     /// detecting it); a failed server also stops, a restored one starts afresh.
     pub fn set_server(&mut self, c: Coord, up: bool) {
-        let i = self.cfg.dims.index(c);
-        if self.view.is_up(c) == up && self.up[i] == up {
+        let i = self.ctx.cfg.dims.index(c);
+        if self.view.is_up(c) == up && self.ctx.up[i] == up {
             return;
         }
         if up {
-            if let Ok(mut n) = Node::new(c, self.view.clone(), self.cfg.transport) {
+            if let Ok(mut n) = Node::new(c, self.view.clone(), self.ctx.cfg.transport) {
                 if let Some(b) = self.source_routing {
                     n.enable_source_routing(b);
                 }
                 *self.node_mut(i) = n;
             }
-            Arc::make_mut(&mut self.up)[i] = true;
+            Arc::make_mut(&mut self.ctx.up)[i] = true;
         } else {
             self.crash(c);
         }
@@ -418,14 +409,14 @@ impl Sim {
     /// control plane would after detecting it): frames on it are lost from then on.
     pub fn set_link(&mut self, c: Coord, dir: Dir, up: bool) {
         if self.view.set_link(c, dir, up).is_ok() {
-            self.publish_view(self.cfg.dims.index(c));
+            self.publish_view(self.ctx.cfg.dims.index(c));
         }
     }
 
     /// The view changed around server `i`: its links' cached liveness follows, and every
     /// live engine adopts the view.
     fn publish_view(&mut self, i: usize) {
-        let c = self.cfg.dims.coord(i);
+        let c = self.ctx.cfg.dims.coord(i);
         for d in Dir::ALL {
             let live = self.view.live_dirs(c).contains(d);
             let (p, li) = self.at(i);
@@ -435,8 +426,8 @@ impl Sim {
             let (q, lf) = self.at(far);
             self.parts[q].links[lf * 6 + usize::from(d.opposite().index())].live = live;
         }
-        for j in 0..self.up.len() {
-            if self.up[j] {
+        for j in 0..self.ctx.up.len() {
+            if self.ctx.up[j] {
                 let v = self.view.clone();
                 let _ = self.node_mut(j).set_view(v);
                 let now = self.now;
@@ -460,9 +451,9 @@ impl Sim {
                 on_event(now, i, e);
             }
         }
-        let lookahead = window::lookahead(&self.cfg);
-        let (ctx, parts) = (self.ctx(), &mut self.parts);
-        window::run(parts, &ctx, until, lookahead, self.workers.as_ref());
+        let lookahead = window::lookahead(&self.ctx.cfg);
+        let parts = &mut self.parts;
+        window::run(parts, &self.ctx, until, lookahead, self.workers.as_ref());
         for (t, _, i, e) in window::merged_events(parts) {
             on_event(t, i, e);
         }
@@ -495,7 +486,7 @@ impl Sim {
                     | Event::Failed { service, .. } => svc.get(i).is_some_and(|s| s.owns(*service)),
                     _ => true,
                 };
-                if !self.up[i] || i >= svc.len() {
+                if !self.ctx.up[i] || i >= svc.len() {
                     continue;
                 }
                 if mine {
@@ -511,8 +502,8 @@ impl Sim {
                 }
             }
             let mut any = false;
-            for i in 0..svc.len().min(self.up.len()) {
-                if !self.up[i] {
+            for i in 0..svc.len().min(self.ctx.up.len()) {
+                if !self.ctx.up[i] {
                     continue;
                 }
                 match svc[i].poll_timeout() {
@@ -556,7 +547,7 @@ impl crate::service::Engine for SimEngine<'_> {
         self.sim.node(self.i).local()
     }
     fn dims(&self) -> Dims {
-        self.sim.cfg.dims
+        self.sim.ctx.cfg.dims
     }
     fn incarnation(&self) -> u64 {
         self.sim.node(self.i).transport().config().incarnation

@@ -380,7 +380,7 @@ impl Part {
 
     /// Processes every pending event due at or before `end`.
     pub(super) fn run_window(&mut self, ctx: &Ctx, end: Time) {
-        while let Some((t, id, slot)) = self.heap.peek() {
+        while let Some((t, id, to)) = self.heap.peek() {
             if t > end {
                 break;
             }
@@ -398,7 +398,7 @@ impl Part {
                 self.collect(t, id, li);
                 continue;
             }
-            let (far, slot) = unpack(slot);
+            let (far, slot) = unpack(to);
             let frame = self.on_links.take(slot);
             self.touch_next(ctx);
             self.arrive(ctx, t, gid, far as usize, frame);

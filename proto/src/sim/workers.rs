@@ -36,31 +36,31 @@ const STOP: u8 = 3;
 /// What the caller and one worker hand each other.
 struct Slot {
     state: AtomicU8,
-    cell: Mutex<Cell>,
+    cell: Mutex<Handover>,
     wake: Condvar,
 }
 
 #[derive(Default)]
-struct Cell {
+struct Handover {
     job: Option<(usize, Part, Job)>,
     done: Option<Done>,
 }
 
 impl Slot {
-    fn lock(&self) -> MutexGuard<'_, Cell> {
+    fn lock(&self) -> MutexGuard<'_, Handover> {
         // A panic never happens while the lock is held (jobs run outside it).
         self.cell.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sets the state under the lock (so a sleeper cannot miss it) and wakes the other side.
-    fn set(&self, g: MutexGuard<'_, Cell>, state: u8) {
+    fn set(&self, g: MutexGuard<'_, Handover>, state: u8) {
         self.state.store(state, Ordering::Release);
         drop(g);
         self.wake.notify_all();
     }
 
     /// Waits until the state is one of `want`, spinning first; the lock, held.
-    fn wait_for(&self, want: &[u8]) -> MutexGuard<'_, Cell> {
+    fn wait_for(&self, want: &[u8]) -> MutexGuard<'_, Handover> {
         for _ in 0..SPINS {
             if want.contains(&self.state.load(Ordering::Acquire)) {
                 break;
@@ -89,7 +89,7 @@ impl Workers {
         for k in 1..parts {
             let slot = Arc::new(Slot {
                 state: AtomicU8::new(IDLE),
-                cell: Mutex::new(Cell::default()),
+                cell: Mutex::new(Handover::default()),
                 wake: Condvar::new(),
             });
             let mine = slot.clone();
