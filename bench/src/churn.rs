@@ -324,8 +324,8 @@ pub fn churn(o: &ChurnOpts, cfg: torusnet_proto::sim::SimConfig) -> Result<Churn
             if let Event::Message { key: Some(key), .. } = e {
                 delivered += 1;
                 let bad = match &shared {
-                    Some(v) => shared_misdelivered(v, key, server),
-                    None => truth.misdelivered(key, server, at),
+                    Some(v) => shared_misdelivered(v, *key, server),
+                    None => truth.misdelivered(*key, server, at),
                 };
                 wrong += u64::from(bad);
             }
@@ -337,8 +337,8 @@ pub fn churn(o: &ChurnOpts, cfg: torusnet_proto::sim::SimConfig) -> Result<Churn
         if let Event::Message { key: Some(key), .. } = e {
             delivered += 1;
             let bad = match &shared {
-                Some(v) => shared_misdelivered(v, key, server),
-                None => truth.misdelivered(key, server, at),
+                Some(v) => shared_misdelivered(v, *key, server),
+                None => truth.misdelivered(*key, server, at),
             };
             wrong += u64::from(bad);
         }

@@ -588,6 +588,17 @@ impl Node {
         self.pass_on(dest, frame)
     }
 
+    /// Where the state [`Node::handle_rx_head`] reads lives: a simulator running thousands
+    /// of engines loads these cache lines one event ahead, since by the time the next frame
+    /// passes through a server its engine has left the cache. Addresses only, never read.
+    pub fn rx_head_lines(&self) -> [*const u8; 3] {
+        [
+            std::ptr::from_ref(&self.local).cast(),
+            std::ptr::from_ref(&self.routes).cast(),
+            std::ptr::from_ref(&self.stats).cast(),
+        ]
+    }
+
     /// [`Node::handle_rx`] for a holder of only the first bytes of a frame of `frame_len`
     /// bytes, `head` (at least the headers): the simulator keeps the payloads of frames in
     /// flight out of memory. `Some(action)` is what `handle_rx` decides from the headers

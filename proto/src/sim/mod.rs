@@ -442,20 +442,30 @@ impl Sim {
     }
 
     /// Runs until simulated time `until`, handing every event the engines produce to
-    /// `on_event(sim_time, server, event)`.
-    pub fn run_until(&mut self, until: Time, mut on_event: impl FnMut(Time, usize, Event)) {
+    /// `on_event(sim_time, server, event)`. Events are lent, not given: a message's buffer
+    /// goes back to the simulator for the next one (keep what you need by copying it).
+    pub fn run_until(&mut self, until: Time, mut on_event: impl FnMut(Time, usize, &Event)) {
         for i in std::mem::take(&mut self.serviced) {
             let (i, now) = (i as usize, self.now);
             let (p, li) = self.at(i);
             while let Some(e) = self.parts[p].nodes[li].poll_event() {
-                on_event(now, i, e);
+                on_event(now, i, &e);
             }
         }
         let lookahead = window::lookahead(&self.ctx.cfg);
-        let parts = &mut self.parts;
-        window::run(parts, &self.ctx, until, lookahead, self.workers.as_ref());
-        for (t, _, i, e) in window::merged_events(parts) {
-            on_event(t, i, e);
+        window::run(
+            &mut self.parts,
+            &self.ctx,
+            until,
+            lookahead,
+            self.workers.as_ref(),
+        );
+        for (t, _, i, e) in window::merged_events(&mut self.parts) {
+            on_event(t, i, &e);
+            if let Event::Message { data, .. } = e {
+                let (p, _) = self.at(i);
+                self.parts[p].pool.give(data);
+            }
         }
         self.now = self.now.max(until);
         for p in &mut self.parts {
@@ -477,7 +487,7 @@ impl Sim {
         while self.now < until {
             let next = (self.now + step).min(until);
             let mut evs = Vec::new();
-            self.run_until(next, |t, i, e| evs.push((t, i, e)));
+            self.run_until(next, |t, i, e| evs.push((t, i, e.clone())));
             let now = self.now;
             for (t, i, e) in evs {
                 let mine = match &e {
@@ -581,7 +591,7 @@ impl crate::service::Engine for SimEngine<'_> {
 
 /// Asks the CPU to start loading the cache line at `p`.
 #[inline(always)]
-fn prefetch(p: *const u8) {
+pub(super) fn prefetch(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint: it never faults and reads nothing the program sees,
     // whatever the address; SSE is part of the x86_64 baseline.

@@ -17,7 +17,7 @@ use super::frame::{FramePool, FrameSlab, SimFrame};
 use super::queue::EventQueue;
 use super::{is_control, Link, SimConfig, SimStats};
 use crate::control::ControlNode;
-use crate::node::{DropReason, Event, MsgOptions, Node, RxAction, Target};
+use crate::node::{DropReason, Event, EventRef, MsgOptions, Node, RxAction, Target};
 use crate::time::Time;
 use crate::topology::{Dir, DirSet};
 use crate::transport::SendError;
@@ -373,7 +373,26 @@ impl Part {
 
     /// Moves the events server `li`'s engine produced into this window's list.
     fn collect(&mut self, t: Time, key: u32, li: usize) {
-        while let Some(e) = self.nodes[li].poll_event() {
+        // Messages are read by reference and copied into recycled buffers (given back by
+        // `Sim::run_until` once handed out): a fresh 8 KB allocation per delivered message
+        // cost more than the copy, and grew the heap page by page.
+        let (nodes, pool) = (&mut self.nodes, &mut self.pool);
+        while let Some(e) = nodes[li].poll_event_ref() {
+            let e = match e {
+                EventRef::Message {
+                    src,
+                    service,
+                    data,
+                    reliable,
+                } => Event::Message {
+                    src,
+                    service,
+                    data: pool.copy_of(data),
+                    reliable,
+                    key: None,
+                },
+                EventRef::Other(e) => e,
+            };
             self.events.push((t, key, self.lo + li, e));
         }
     }
@@ -406,14 +425,34 @@ impl Part {
         self.now = self.now.max(end);
     }
 
-    /// Starts loading the frame the next event delivers. Frames wait on links long enough
-    /// to leave the cache, so reading one is a memory miss per hop; issued one event ahead,
-    /// it overlaps with this event's work instead of stalling the next. (Prefetching the
-    /// engine and links it reaches as well made no difference measurable here.)
+    /// Starts loading what the next event reads: the frame, and the state of the server it
+    /// reaches (the lines its engine judges a passing frame with, its transit queue, its
+    /// links). Frames wait on links, and a server waits between two frames through it, long
+    /// enough to leave the cache, so each is a memory miss per hop; issued one event ahead,
+    /// they overlap with this event's work instead of stalling the next. (Prefetching the
+    /// engine's first bytes instead of the lines it reads gained nothing: the engine is
+    /// kilobytes, and the fields a hop reads lie far into it.)
     fn touch_next(&mut self, ctx: &Ctx) {
         if let Some((_, id, to)) = self.heap.peek() {
             if (id as usize) < ctx.nlinks {
-                self.on_links.prefetch(unpack(to).1);
+                let (far, slot) = unpack(to);
+                self.on_links.prefetch(slot);
+                if let Some(n) = (far as usize).checked_sub(self.lo) {
+                    if let Some(node) = self.nodes.get(n) {
+                        for p in node.rx_head_lines() {
+                            super::prefetch(p);
+                        }
+                        if let Some(t) = self.transit.get(n) {
+                            super::prefetch(std::ptr::from_ref(t).cast());
+                        }
+                        if let Some(l) = self.links.get(n * 6..n * 6 + 6) {
+                            let p: *const u8 = l.as_ptr().cast();
+                            super::prefetch(p);
+                            super::prefetch(p.wrapping_add(64));
+                            super::prefetch(p.wrapping_add(128));
+                        }
+                    }
+                }
             }
         }
     }
