@@ -30,6 +30,24 @@ pub enum RxAction {
     Drop(DropReason),
 }
 
+/// What a frame handed to [`Node::handle_rx_lending`] came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Received<'f> {
+    /// A short message for a local service, borrowed from the frame (the engine queued no
+    /// copy of it): the next event, as [`Event::Message`] with `reliable: false` and no
+    /// key. The frame is consumed once the caller is done with it.
+    Message {
+        /// Who sent it.
+        src: Coord,
+        /// The service it is for.
+        service: u16,
+        /// Its bytes, in the frame.
+        data: &'f [u8],
+    },
+    /// Anything else: what [`Node::handle_rx`] would have returned.
+    Action(RxAction),
+}
+
 /// Why a frame was dropped (the per-link drop counters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropReason {
@@ -537,14 +555,37 @@ impl Node {
     /// Handles a frame received on link `link` (Ethernet header included). The frame may be
     /// changed in place (TTL, interceptors) before it is forwarded.
     pub fn handle_rx(&mut self, now: Time, link: Dir, frame: &mut [u8]) -> RxAction {
+        match self.rx(now, link, frame, false) {
+            Received::Action(a) => a,
+            // Nothing is lent unless asked for.
+            Received::Message { .. } => RxAction::Consumed,
+        }
+    }
+
+    /// As [`Node::handle_rx`], but a short message for this server that no event is
+    /// queued ahead of comes back borrowed from `frame` ([`Received::Message`]) instead of
+    /// being copied into the engine's inbox: the caller hands it on as the next event it
+    /// would have polled, then frees the frame. (A simulator of thousands of servers, or a
+    /// driver delivering from its receive buffers, saves a copy per message.)
+    pub fn handle_rx_lending<'f>(
+        &mut self,
+        now: Time,
+        link: Dir,
+        frame: &'f mut [u8],
+    ) -> Received<'f> {
+        let lend = self.events.is_empty();
+        self.rx(now, link, frame, lend)
+    }
+
+    fn rx<'f>(&mut self, now: Time, link: Dir, frame: &'f mut [u8], lend: bool) -> Received<'f> {
         self.last_now = self.last_now.max(now);
         let mut h = match FrameView::new_checked(frame).and_then(|v| Header::parse(&v)) {
             Ok(h) => h,
-            Err(e) => return RxAction::Drop(refusal(e)),
+            Err(e) => return Received::Action(RxAction::Drop(refusal(e))),
         };
         let dest = match self.judge(&h) {
             Ok(d) => d,
-            Err(why) => return RxAction::Drop(why),
+            Err(why) => return Received::Action(RxAction::Drop(why)),
         };
         let mut frame = frame;
         if h.route_len > 0 {
@@ -558,10 +599,10 @@ impl Node {
                     // The header moved over the route: read it again as it now is.
                     h = match FrameView::new_checked(frame).and_then(|v| Header::parse(&v)) {
                         Ok(h) => h,
-                        Err(e) => return RxAction::Drop(refusal(e)),
+                        Err(e) => return Received::Action(RxAction::Drop(refusal(e))),
                     };
                 }
-                fate => return self.routed_on(fate, frame),
+                fate => return Received::Action(self.routed_on(fate, frame)),
             }
         }
         if h.kind == Kind::Probe {
@@ -571,21 +612,21 @@ impl Node {
                     .unwrap_or(&[]);
                 self.source
                     .on_probe_here(now, &self.view, Some(link), &h, payload);
-                return RxAction::Consumed;
+                return Received::Action(RxAction::Consumed);
             }
-            return self.pass_on(dest, frame);
+            return Received::Action(self.pass_on(dest, frame));
         }
         if dest == self.local {
-            return self.deliver(now, &h, frame);
+            return self.deliver(now, &h, frame, lend);
         }
         if h.has(flags::INTERCEPT) {
             if let Some(v) = self.run_interceptor(&h, frame) {
                 if v == Verdict::Consume {
-                    return RxAction::Drop(DropReason::Intercepted);
+                    return Received::Action(RxAction::Drop(DropReason::Intercepted));
                 }
             }
         }
-        self.pass_on(dest, frame)
+        Received::Action(self.pass_on(dest, frame))
     }
 
     /// Where the state [`Node::handle_rx_head`] reads lives: a simulator running thousands
@@ -696,14 +737,20 @@ impl Node {
         Some(hook.1.on_path(h, payload))
     }
 
-    fn deliver(&mut self, now: Time, h: &Header, frame: &mut [u8]) -> RxAction {
+    fn deliver<'f>(
+        &mut self,
+        now: Time,
+        h: &Header,
+        frame: &'f mut [u8],
+        lend: bool,
+    ) -> Received<'f> {
         if let Dest::Key(k) = h.dst {
             // Key-routed frames carry short messages, delivered to the key's root.
             if h.has(flags::INTERCEPT) {
                 let _ = self.run_interceptor(h, frame);
             }
             let Ok(v) = FrameView::new_checked(frame) else {
-                return RxAction::Drop(DropReason::Malformed);
+                return Received::Action(RxAction::Drop(DropReason::Malformed));
             };
             self.stats.key_delivered += 1;
             self.events.push_back(Event::Message {
@@ -713,19 +760,29 @@ impl Node {
                 reliable: false,
                 key: Some(k),
             });
-            return RxAction::Consumed;
+            return Received::Action(RxAction::Consumed);
         }
+        let frame: &'f [u8] = frame;
         let Ok(view) = FrameView::new_checked(frame) else {
-            return RxAction::Drop(DropReason::Malformed);
+            return Received::Action(RxAction::Drop(DropReason::Malformed));
         };
         // Parsed once, here: the transport takes the header as it is.
-        match self.transport.handle_parsed(now, h, view) {
-            Ok(()) => RxAction::Consumed,
-            Err(RecvError::Wire(_)) => RxAction::Drop(DropReason::Malformed),
-            Err(RecvError::FromSelf) => RxAction::Drop(DropReason::BadSource),
-            Err(RecvError::Stale) => RxAction::Drop(DropReason::Stale),
-            Err(_) => RxAction::Drop(DropReason::Transport),
-        }
+        Received::Action(
+            match self.transport.handle_parsed_lending(now, h, view, lend) {
+                Ok(Some(m)) => {
+                    return Received::Message {
+                        src: m.src,
+                        service: m.service,
+                        data: m.data,
+                    }
+                }
+                Ok(None) => RxAction::Consumed,
+                Err(RecvError::Wire(_)) => RxAction::Drop(DropReason::Malformed),
+                Err(RecvError::FromSelf) => RxAction::Drop(DropReason::BadSource),
+                Err(RecvError::Stale) => RxAction::Drop(DropReason::Stale),
+                Err(_) => RxAction::Drop(DropReason::Transport),
+            },
+        )
     }
 
     /// The next frame to send, written into `buf` (which holds `mtu + 14` bytes), on one of

@@ -5,7 +5,9 @@
 use std::collections::VecDeque;
 
 use torusnet_proto::keyspace;
-use torusnet_proto::node::{Event, Interceptor, MsgOptions, Node, RxAction, Target, Verdict};
+use torusnet_proto::node::{
+    Event, Interceptor, MsgOptions, Node, Received, RxAction, Target, Verdict,
+};
 use torusnet_proto::routing::LinkView;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Coord, Dims, Dir, DirSet};
@@ -292,4 +294,54 @@ fn interceptors_see_and_change_frames_on_path() {
         .iter()
         .any(|e| matches!(e, Event::Message { data, .. } if data == b"!hello")));
     assert_eq!(mesh.nodes[1].stats().intercepted, 1);
+}
+
+/// A short message received with `handle_rx_lending` comes back borrowed from its frame,
+/// the same message `handle_rx` would have queued; with an event queued ahead of it, it is
+/// queued behind that one instead, so the order of events never changes.
+#[test]
+fn lent_messages_are_those_handle_rx_queues_and_never_overtake() {
+    let dims = Dims::new(3, 1, 1).unwrap();
+    let view = LinkView::all_up(dims).unwrap();
+    let (a, b) = (Coord::new(0, 0, 0), Coord::new(1, 0, 0));
+    let mut tx = Node::new(a, view.clone(), Config::default()).unwrap();
+    let mut rx = Node::new(b, view, Config::default()).unwrap();
+    let short = MsgOptions::default();
+    let mut frames = Vec::new();
+    let mut buf = vec![0u8; 9014];
+    for (k, len) in [(1u8, 1400usize), (2, 40), (3, 300)] {
+        tx.send(Time::ZERO, Target::Server(b), 5, &vec![k; len], short)
+            .unwrap();
+        let (dir, n) = tx.poll_transmit(Time::ZERO, DirSet::ALL, &mut buf).unwrap();
+        frames.push((dir, buf[..n].to_vec()));
+    }
+    // Nothing queued: lent, and nothing left to poll.
+    let (dir, mut f) = frames.remove(0);
+    match rx.handle_rx_lending(Time::ZERO, dir.opposite(), &mut f) {
+        Received::Message { src, service, data } => {
+            assert_eq!((src, service), (a, 5));
+            assert_eq!(data, &vec![1u8; 1400][..]);
+        }
+        other => panic!("not lent: {other:?}"),
+    }
+    assert!(rx.poll_event().is_none());
+    // The second is queued (handle_rx); the third must then wait behind it.
+    let (dir, mut f) = frames.remove(0);
+    assert_eq!(
+        rx.handle_rx(Time::ZERO, dir.opposite(), &mut f),
+        RxAction::Consumed
+    );
+    let (dir, mut f) = frames.remove(0);
+    assert_eq!(
+        rx.handle_rx_lending(Time::ZERO, dir.opposite(), &mut f),
+        Received::Action(RxAction::Consumed)
+    );
+    let got: Vec<Vec<u8>> = std::iter::from_fn(|| rx.poll_event())
+        .filter_map(|e| match e {
+            Event::Message { data, .. } => Some(data),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, vec![vec![2u8; 40], vec![3u8; 300]]);
+    assert_eq!(rx.transport_stats().messages_delivered, 3);
 }

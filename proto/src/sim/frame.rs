@@ -73,6 +73,9 @@ impl FramePool {
 
     /// Returns a buffer for reuse.
     pub(super) fn give(&mut self, b: Vec<u8>) {
+        if b.capacity() == 0 {
+            return;
+        }
         if b.capacity() <= SMALL_FRAME {
             self.small.give(b);
         } else {

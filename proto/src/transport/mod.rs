@@ -354,6 +354,18 @@ pub enum Event {
     },
 }
 
+/// A short message handed back by [`Transport::handle_parsed_lending`], borrowed from the
+/// frame it arrived in, instead of queued in the inbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lent<'f> {
+    /// The server that sent it.
+    pub src: Coord,
+    /// The service it is for.
+    pub service: u16,
+    /// Its bytes, in the frame.
+    pub data: &'f [u8],
+}
+
 /// What [`Transport::poll_transmit`] wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
@@ -914,8 +926,22 @@ impl Transport {
         h: &Header,
         view: FrameView<'_>,
     ) -> Result<(), RecvError> {
+        self.handle_parsed_lending(now, h, view, false).map(|_| ())
+    }
+
+    /// As [`Transport::handle_parsed`], but a short message that nothing is queued ahead
+    /// of is not copied into the inbox when `lend` is set: it is returned, borrowed from
+    /// the frame, for the caller to hand on in its place (as the next event it would have
+    /// polled). Receiving a jumbo frame's message then costs no copy inside the engine.
+    pub fn handle_parsed_lending<'f>(
+        &mut self,
+        now: Time,
+        h: &Header,
+        view: FrameView<'f>,
+        lend: bool,
+    ) -> Result<Option<Lent<'f>>, RecvError> {
         self.stats.frames_received += 1;
-        let r = self.handle_view(now, *h, view);
+        let r = self.handle_view(now, *h, view, lend);
         if r.is_err() {
             self.stats.dropped_frames += 1;
         }
@@ -925,10 +951,16 @@ impl Transport {
     fn handle_frame_inner(&mut self, now: Time, frame: &[u8]) -> Result<(), RecvError> {
         let view = FrameView::new_checked(frame)?;
         let h = Header::parse(&view)?;
-        self.handle_view(now, h, view)
+        self.handle_view(now, h, view, false).map(|_| ())
     }
 
-    fn handle_view(&mut self, now: Time, h: Header, view: FrameView<'_>) -> Result<(), RecvError> {
+    fn handle_view<'f>(
+        &mut self,
+        now: Time,
+        h: Header,
+        view: FrameView<'f>,
+        lend: bool,
+    ) -> Result<Option<Lent<'f>>, RecvError> {
         if h.dst != Dest::Server(self.local) {
             return Err(RecvError::NotForUs);
         }
@@ -961,12 +993,32 @@ impl Transport {
             }
         }
         if h.kind == Kind::Data && !h.has(flags::RELIABLE) {
+            if lend && self.events.is_empty() {
+                // One message (alone, or the only one of an aggregated frame) is lent.
+                let one = if aggregated {
+                    (batch.messages == 1)
+                        .then(|| view.messages().next())
+                        .flatten()
+                        .and_then(Result::ok)
+                        .map(|m| (m.service, m.data))
+                } else {
+                    Some((h.service, view.payload()))
+                };
+                if let Some((service, data)) = one {
+                    self.stats.messages_delivered += 1;
+                    return Ok(Some(Lent {
+                        src: h.src,
+                        service,
+                        data,
+                    }));
+                }
+            }
             self.deliver_short(&h, &view, batch);
-            return Ok(());
+            return Ok(None);
         }
         if h.kind == Kind::Sync && sync_payload(&view).is_some_and(|(_, f)| f & SYNC_ANNOUNCE != 0)
         {
-            return self.handle_announce(&h, &view);
+            return self.handle_announce(&h, &view).map(|()| None);
         }
         if !self.conns.contains_key(&h.src) {
             if self.conns.len() >= self.cfg.max_peers {
@@ -976,7 +1028,7 @@ impl Transport {
             self.conns.insert(h.src, c);
         }
         if h.kind == Kind::Sync {
-            return self.handle_sync(now, &h, &view);
+            return self.handle_sync(now, &h, &view).map(|()| None);
         }
         let Some(conn) = self.conns.get_mut(&h.src) else {
             return Err(RecvError::TooManyPeers);
@@ -1045,7 +1097,7 @@ impl Transport {
             self.urgent.push_back(h.src);
         }
         self.note(h.src);
-        result
+        result.map(|()| None)
     }
 
     /// A SYNC from the peer: learn its instance, reset when it changed, answer when it does
