@@ -183,7 +183,8 @@ pub fn run_point(
         partner.swap(p, q);
     }
     let interval = PACKET as f64 * 8.0 / (offered * 1e9);
-    let mut next_at = crate::sim::phases(&mut traffic_rng, live.len(), interval);
+    let mut pacer = crate::sim::Pacer::new(&mut traffic_rng, live.len(), interval);
+    let mut due: Vec<(usize, u32)> = Vec::new();
     let msg = vec![0x5a_u8; PACKET];
     let opts = MsgOptions::default();
     let total = Duration::from_secs_f64(ms / 1000.0);
@@ -195,9 +196,10 @@ pub fn run_point(
     let mut batch: Vec<(usize, Target)> = Vec::new();
     while t < Time::ZERO + total {
         let now_s = t.0 as f64 / 1e9;
-        for (p, &i) in live.iter().enumerate() {
-            while next_at[p] <= now_s {
-                next_at[p] += interval;
+        pacer.due(now_s, &mut due);
+        for &(p, count) in &due {
+            let i = live[p];
+            for _ in 0..count {
                 let to_hot =
                     pattern == Pattern::HotRow && !hot.is_empty() && traffic_rng.chance(0.25);
                 let d = if pattern == Pattern::Permutation {

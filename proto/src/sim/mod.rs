@@ -124,9 +124,9 @@ pub struct Sim {
     workers: Option<Workers>,
     now: Time,
     view: LinkView,
-    /// Servers serviced outside a run (by [`Sim::send`]), whose events are still to be
-    /// handed out.
-    serviced: Vec<u32>,
+    /// Events of servers serviced outside a run (by [`Sim::send`], [`Sim::send_many`]),
+    /// taken from their engines at once and handed out by the next run.
+    pending: Vec<(u32, Event)>,
     /// Counts of engines replaced by restarts.
     retired: SimStats,
     /// The settings every control plane starts from.
@@ -197,7 +197,7 @@ impl Sim {
             workers: (threads > 1).then(|| Workers::new(threads)),
             now: Time::ZERO,
             view,
-            serviced: Vec::new(),
+            pending: Vec::new(),
             retired: SimStats::default(),
             control_template: None,
             source_routing: None,
@@ -323,8 +323,11 @@ impl Sim {
     ) -> Result<(), SendError> {
         let (p, li) = self.at(i);
         let r = self.parts[p].send(&self.ctx, li, target, service, data, opts);
-        if self.ctx.up[i] {
-            self.serviced.push(i as u32);
+        while let Some(e) = self.ctx.up[i]
+            .then(|| self.parts[p].nodes[li].poll_event())
+            .flatten()
+        {
+            self.pending.push((i as u32, e));
         }
         r
     }
@@ -346,11 +349,22 @@ impl Sim {
             mine[p].push((k, li, target));
         }
         let (ctx, parts) = (self.ctx.clone(), &mut self.parts);
+        // Each part also takes its senders' events (the engines are in its cache now;
+        // polling them later, one after another on one thread, was a serial pause for all).
         let send = move |p: usize, part: &mut Part, data: &[u8]| {
-            mine[p]
+            let mut events = Vec::new();
+            let results = mine[p]
                 .iter()
-                .map(|&(k, li, target)| (k, part.send(&ctx, li, target, service, data, opts)))
-                .collect::<Vec<_>>()
+                .map(|&(k, li, target)| {
+                    let r = part.send(&ctx, li, target, service, data, opts);
+                    let i = part.lo + li;
+                    while let Some(e) = ctx.up[i].then(|| part.nodes[li].poll_event()).flatten() {
+                        events.push((i as u32, e));
+                    }
+                    (k, r)
+                })
+                .collect::<Vec<_>>();
+            (results, events)
         };
         let done = match &self.workers {
             Some(w) => {
@@ -363,13 +377,11 @@ impl Sim {
                 .collect(),
         };
         let mut out = vec![Ok(()); sends.len()];
-        for (k, r) in done.into_iter().flatten() {
-            out[k] = r;
-        }
-        for &(i, _) in sends {
-            if self.ctx.up[i] {
-                self.serviced.push(i as u32);
+        for (results, events) in done {
+            for (k, r) in results {
+                out[k] = r;
             }
+            self.pending.extend(events);
         }
         out
     }
@@ -445,12 +457,11 @@ impl Sim {
     /// `on_event(sim_time, server, event)`. Events are lent, not given: a message's buffer
     /// goes back to the simulator for the next one (keep what you need by copying it).
     pub fn run_until(&mut self, until: Time, mut on_event: impl FnMut(Time, usize, &Event)) {
-        for i in std::mem::take(&mut self.serviced) {
-            let (i, now) = (i as usize, self.now);
-            let (p, li) = self.at(i);
-            while let Some(e) = self.parts[p].nodes[li].poll_event() {
-                on_event(now, i, &e);
-            }
+        // By server (each server's in the order they came), whatever the parts' order.
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.sort_by_key(|(i, _)| *i);
+        for (i, e) in pending {
+            on_event(self.now, i as usize, &e);
         }
         let lookahead = window::lookahead(&self.ctx.cfg);
         window::run(
@@ -526,7 +537,7 @@ impl Sim {
                     None => {}
                 }
             }
-            if !any && self.idle() && self.serviced.is_empty() {
+            if !any && self.idle() && self.pending.is_empty() {
                 break;
             }
         }
