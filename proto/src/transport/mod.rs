@@ -188,6 +188,12 @@ pub struct Config {
     /// 512-frame window freed and allocated again every frame past the 64th); a process
     /// running thousands of engines (the simulator) keeps fewer.
     pub spare_frames: usize,
+    /// Hold a queued message whose bytes are all one value as that value and its length,
+    /// writing the bytes out only into the frame (frames are the same either way). For the
+    /// simulator, whose benchmark payloads are such runs: thousands of engines otherwise
+    /// each copy every payload into a queue of their own. Off in a dataplane, where
+    /// looking would cost a pass over every message for nothing.
+    pub compact_runs: bool,
 }
 
 impl Default for Config {
@@ -212,6 +218,7 @@ impl Default for Config {
             broken_after: Duration::from_secs(3),
             sync_retry: Duration::from_millis(5),
             spare_frames: 512,
+            compact_runs: false,
         }
     }
 }
@@ -579,7 +586,11 @@ impl Transport {
             conns: FxHashMap::default(),
             short_stripe: stripe::Stripe::default(),
             urgent: VecDeque::new(),
-            queues: FairQueue::new(cfg.queue_bytes),
+            queues: if cfg.compact_runs {
+                FairQueue::compacting(cfg.queue_bytes)
+            } else {
+                FairQueue::new(cfg.queue_bytes)
+            },
             events: Inbox::default(),
             stats: Stats::default(),
             last_now: Time::ZERO,
@@ -835,6 +846,7 @@ impl Transport {
                 Fences::default()
             },
             enqueued: now,
+            run: None,
         };
         self.queues
             .push(m.from, q, m.data)
