@@ -425,35 +425,50 @@ impl Part {
         self.now = self.now.max(end);
     }
 
-    /// Starts loading what the next event reads: the frame, and the state of the server it
+    /// Starts loading what the next events read: the frame, and the state of the server it
     /// reaches (the lines its engine judges a passing frame with, its transit queue, its
     /// links). Frames wait on links, and a server waits between two frames through it, long
-    /// enough to leave the cache, so each is a memory miss per hop; issued one event ahead,
-    /// they overlap with this event's work instead of stalling the next. (Prefetching the
-    /// engine's first bytes instead of the lines it reads gained nothing: the engine is
-    /// kilobytes, and the fields a hop reads lie far into it.)
+    /// enough to leave the cache, so each is a memory miss per hop; issued ahead, they
+    /// overlap with this event's work instead of stalling the next. Two events ahead for the
+    /// server (one event's work is about as long as a miss), and the next frame again in case
+    /// it was not known then (a new bucket). (Prefetching the engine's first bytes instead of
+    /// the lines it reads gained nothing: the engine is kilobytes, and the fields a hop reads
+    /// lie far into it.)
     fn touch_next(&mut self, ctx: &Ctx) {
-        if let Some((_, id, to)) = self.heap.peek() {
-            if (id as usize) < ctx.nlinks {
-                let (far, slot) = unpack(to);
-                self.on_links.prefetch(slot);
-                if let Some(n) = (far as usize).checked_sub(self.lo) {
-                    if let Some(node) = self.nodes.get(n) {
-                        for p in node.rx_head_lines() {
-                            super::prefetch(p);
-                        }
-                        if let Some(t) = self.transit.get(n) {
-                            super::prefetch(std::ptr::from_ref(t).cast());
-                        }
-                        if let Some(l) = self.links.get(n * 6..n * 6 + 6) {
-                            let p: *const u8 = l.as_ptr().cast();
-                            super::prefetch(p);
-                            super::prefetch(p.wrapping_add(64));
-                            super::prefetch(p.wrapping_add(128));
-                        }
-                    }
-                }
+        if let Some(e) = self.heap.peek() {
+            self.touch(ctx, e, false);
+        }
+        if let Some(e) = self.heap.peek_second() {
+            self.touch(ctx, e, true);
+        }
+    }
+
+    /// Prefetches the frame of event `e` and, `all`, its server's lines.
+    fn touch(&self, ctx: &Ctx, (_, id, to): super::queue::Entry, all: bool) {
+        if (id as usize) >= ctx.nlinks {
+            return;
+        }
+        let (far, slot) = unpack(to);
+        self.on_links.prefetch(slot);
+        if !all {
+            return;
+        }
+        let Some(n) = (far as usize).checked_sub(self.lo) else {
+            return;
+        };
+        if let Some(node) = self.nodes.get(n) {
+            for p in node.rx_head_lines() {
+                super::prefetch(p);
             }
+        }
+        if let Some(t) = self.transit.get(n) {
+            super::prefetch(std::ptr::from_ref(t).cast());
+        }
+        if let Some(l) = self.links.get(n * 6..n * 6 + 6) {
+            let p: *const u8 = l.as_ptr().cast();
+            super::prefetch(p);
+            super::prefetch(p.wrapping_add(64));
+            super::prefetch(p.wrapping_add(128));
         }
     }
 

@@ -76,6 +76,12 @@ impl EventQueue {
         self.cur.last().copied()
     }
 
+    /// The event after the next, if it is due in the current bucket (without moving on).
+    pub(super) fn peek_second(&self) -> Option<Entry> {
+        let n = self.cur.len();
+        n.checked_sub(2).map(|i| self.cur[i])
+    }
+
     /// Takes the next event.
     pub(super) fn pop(&mut self) -> Option<Entry> {
         self.fill();
