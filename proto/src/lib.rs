@@ -4,6 +4,7 @@
 //! its own. Time comes in as an argument and frames come in as bytes, so the same code runs
 //! under the AF_XDP dataplane, the in-memory test links, the simulator and the fuzzers.
 
+mod byte_run;
 pub mod control;
 pub mod harness;
 pub mod keyspace;

@@ -17,7 +17,7 @@ use super::frame::{FramePool, FrameSlab, SimFrame};
 use super::queue::EventQueue;
 use super::{is_control, Link, SimConfig, SimStats};
 use crate::control::ControlNode;
-use crate::node::{DropReason, Event, EventRef, MsgOptions, Node, Received, RxAction, Target};
+use crate::node::{DropReason, Event, MsgOptions, Node, Received, RxAction, Target};
 use crate::time::Time;
 use crate::topology::{Dir, DirSet};
 use crate::transport::SendError;
@@ -378,21 +378,7 @@ impl Part {
         // cost more than the copy, and grew the heap page by page.
         let (nodes, pool) = (&mut self.nodes, &mut self.pool);
         while let Some(e) = nodes[li].poll_event_ref() {
-            let e = match e {
-                EventRef::Message {
-                    src,
-                    service,
-                    data,
-                    reliable,
-                } => Event::Message {
-                    src,
-                    service,
-                    data: pool.copy_of(data),
-                    reliable,
-                    key: None,
-                },
-                EventRef::Other(e) => e,
-            };
+            let e = e.into_owned_with(|data| pool.copy_of(data));
             self.events.push((t, key, self.lo + li, e));
         }
     }

@@ -19,6 +19,7 @@ use rustc_hash::FxHashMap;
 
 use super::byte_ring::ByteRing;
 use super::delivery::Fences;
+use crate::byte_run::run_value;
 use crate::time::Time;
 use crate::topology::Coord;
 use crate::wire::{self, msg_flags, MSG_HEADER_LEN};
@@ -48,26 +49,6 @@ pub struct Queued {
 /// Messages shorter than this are held as bytes even by a compacting queue.
 const MIN_RUN: usize = 512;
 
-/// The value every byte of `data` has, if they all have one.
-fn run_value(data: &[u8]) -> Option<u8> {
-    let &v = data.first()?;
-    let word = u64::from_ne_bytes([v; 8]);
-    let mut blocks = data.chunks_exact(64);
-    // Folded a block at a time with no branch per word, so the compiler compares blocks
-    // in a few vector instructions.
-    for blk in blocks.by_ref() {
-        let diff = blk.chunks_exact(8).fold(0u64, |acc, c| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            acc | (u64::from_ne_bytes(w) ^ word)
-        });
-        if diff != 0 {
-            return None;
-        }
-    }
-    blocks.remainder().iter().all(|b| *b == v).then_some(v)
-}
-
 /// How far the message at the head of a queue has been framed (only the head can be partly
 /// sent: a message larger than a frame goes out in fragments, one per turn).
 #[derive(Debug, Clone, Copy, Default)]
@@ -89,9 +70,9 @@ pub struct ServiceQueue {
     limit: usize,
     meta: VecDeque<Queued>,
     bytes: ByteRing,
-    /// Bytes waiting in wire form (headers included), as if every message were held:
-    /// what the limit counts.
-    held: usize,
+    /// Bytes of messages held as runs, not in the ring: the limit counts them as if they
+    /// were (and a plain queue's accounting is the ring's alone).
+    compacted: usize,
     /// Messages held as runs.
     runs: usize,
     /// Message bytes waiting (the ring holds their headers too).
@@ -144,14 +125,15 @@ impl ServiceQueue {
         if self.progress.sent == 0 {
             // Framed alone (whole or in fragments): its aggregated-message header goes.
             self.bytes.skip(MSG_HEADER_LEN);
-            self.held = self.held.saturating_sub(MSG_HEADER_LEN);
         }
         match run {
-            Some(v) => out.fill(v),
+            Some(v) => {
+                out.fill(v);
+                self.compacted -= n.min(self.compacted);
+            }
             None => self.bytes.take(out),
         }
         self.data -= n.min(self.data);
-        self.held = self.held.saturating_sub(n);
         self.progress.sent += n as u32;
         if self.progress.sent >= h.len {
             self.meta.pop_front();
@@ -178,6 +160,7 @@ impl ServiceQueue {
                     Some(v) => {
                         out[body..end].fill(v);
                         self.runs -= 1;
+                        self.compacted -= (end - body).min(self.compacted);
                     }
                     None => self.bytes.take(&mut out[body..end]),
                 }
@@ -185,7 +168,6 @@ impl ServiceQueue {
             }
         }
         self.data -= (out.len() - count * MSG_HEADER_LEN).min(self.data);
-        self.held = self.held.saturating_sub(out.len());
         self.meta.drain(..count);
     }
 }
@@ -255,7 +237,7 @@ impl FairQueue {
             limit: self.default_limit,
             meta: VecDeque::new(),
             bytes: ByteRing::default(),
-            held: 0,
+            compacted: 0,
             runs: 0,
             data: 0,
             progress: HeadProgress::default(),
@@ -274,7 +256,8 @@ impl FairQueue {
         // The limit counts bytes as they wait, headers included: a ring of a power-of-two
         // size that holds the limit's worth of data and its headers doubled past it (the
         // simulator's engines took half as much memory again).
-        if !sq.meta.is_empty() && sq.held + MSG_HEADER_LEN + data.len() > sq.limit {
+        let held = sq.bytes.len() + sq.compacted;
+        if !sq.meta.is_empty() && held + MSG_HEADER_LEN + data.len() > sq.limit {
             return Err(Full);
         }
         let mut fl = 0u8;
@@ -295,10 +278,10 @@ impl FairQueue {
         if q.run.is_some() {
             sq.bytes.push(&hdr);
             sq.runs += 1;
+            sq.compacted += data.len();
         } else {
             sq.bytes.push_message(&hdr, data);
         }
-        sq.held += MSG_HEADER_LEN + data.len();
         sq.data += data.len();
         sq.meta.push_back(q);
         Ok(())
@@ -375,8 +358,10 @@ impl FairQueue {
                     out.push((q.service, m.tag));
                     q.bytes.skip(n);
                     q.data -= rest.min(q.data);
-                    q.held = q.held.saturating_sub(header + rest);
-                    q.runs -= usize::from(m.run.is_some());
+                    if m.run.is_some() {
+                        q.runs -= 1;
+                        q.compacted -= rest.min(q.compacted);
+                    }
                 } else {
                     kept.resize(n, 0);
                     q.bytes.take(&mut kept);
@@ -470,17 +455,6 @@ mod tests {
         assert_eq!(&b, b"abc");
         assert_eq!(fq.total(), 1);
         assert!(fq.remove_dest(Coord::new(9, 0, 0)).is_empty());
-    }
-
-    #[test]
-    fn runs_are_recognised_only_when_every_byte_agrees() {
-        assert_eq!(run_value(&[7; 1000]), Some(7));
-        assert_eq!(run_value(&[]), None);
-        for at in [0, 63, 64, 500, 999] {
-            let mut b = vec![7u8; 1000];
-            b[at] = 8;
-            assert_eq!(run_value(&b), None, "differs at {at}");
-        }
     }
 
     /// A compacting queue takes and refuses the same messages as a plain one and hands out

@@ -54,21 +54,27 @@ pub enum EventRef<'a, E = Event> {
     Other(E),
 }
 
-impl EventRef<'_> {
+impl<E: From<Event>> EventRef<'_, E> {
     /// The owned event (copies a borrowed message).
-    pub fn into_owned(self) -> Event {
+    pub fn into_owned(self) -> E {
+        self.into_owned_with(<[u8]>::to_vec)
+    }
+
+    /// The owned event, a borrowed message's bytes copied by `copy` (into a recycled
+    /// buffer, say, rather than a new allocation).
+    pub fn into_owned_with(self, copy: impl FnOnce(&[u8]) -> Vec<u8>) -> E {
         match self {
             EventRef::Message {
                 src,
                 service,
                 data,
                 reliable,
-            } => Event::Message {
+            } => E::from(Event::Message {
                 src,
                 service,
-                data: data.to_vec(),
+                data: copy(data),
                 reliable,
-            },
+            }),
             EventRef::Other(e) => e,
         }
     }
