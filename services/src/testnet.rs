@@ -1,8 +1,9 @@
 //! A deterministic message-level network for testing services: every server of a small
 //! torus runs its own instance of a service, reliable messages take one tick per hop, a
-//! sender's queue holds a bounded number of messages (then `WouldBlock`), and servers fail
-//! on cue (their neighbours' messages to them are reported failed, everyone is told they are
-//! unreachable).
+//! sender's queue holds a bounded number of messages (then `WouldBlock`), servers fail or
+//! freeze on cue (their neighbours' messages to them are reported failed, everyone is told
+//! they are unreachable, and after a freeze reachable again), and chosen messages are
+//! reported failed instead of delivered (as a transport does when its peer went silent).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -94,6 +95,10 @@ impl Engine for NetEngine<'_> {
     fn notify_acks(&mut self, _service: u16, _on: bool) {}
 }
 
+/// Picks the messages to report failed instead of delivering: (source, destination,
+/// bytes).
+pub type LossFn = Box<dyn FnMut(Coord, Coord, &[u8]) -> bool>;
+
 /// The network and one service instance per server.
 pub struct Net<S: Service> {
     /// The torus.
@@ -109,6 +114,8 @@ pub struct Net<S: Service> {
     pub budget: usize,
     /// Payload bytes times hops crossed, over the whole run.
     pub byte_hops: u64,
+    /// Messages this picks are reported failed to their sender (reason `Silent`).
+    pub lose: Option<LossFn>,
 }
 
 impl<S: Service> Net<S> {
@@ -122,6 +129,7 @@ impl<S: Service> Net<S> {
             flight: VecDeque::new(),
             budget: 64,
             byte_hops: 0,
+            lose: None,
         }
     }
 
@@ -158,27 +166,62 @@ impl<S: Service> Net<S> {
     /// Fails server `c`: what it had in flight is gone, what others sent it is reported
     /// failed to them, and every server is told.
     pub fn kill(&mut self, c: Coord) {
+        self.flight.retain(|m| m.src != c);
+        self.freeze(c);
+    }
+
+    /// Stops server `c` for a while (a starved or paused daemon that keeps its state): what
+    /// others sent it is reported failed to them, every server is told it is unreachable,
+    /// and it is not polled until [`Net::thaw`].
+    pub fn freeze(&mut self, c: Coord) {
         let i = self.dims.index(c);
         self.up[i] = false;
-        let (gone, keep): (Vec<InFlight>, Vec<InFlight>) = self
-            .flight
-            .drain(..)
-            .partition(|m| m.dst == c || m.src == c);
+        let (gone, keep): (Vec<InFlight>, Vec<InFlight>) =
+            self.flight.drain(..).partition(|m| m.dst == c);
         self.flight = keep.into();
-        for m in gone.into_iter().filter(|m| m.src != c) {
-            let j = self.dims.index(m.src);
-            let ev = Event::Failed {
-                peer: c,
-                service: m.service,
-                tags: vec![m.tag],
-                reason: FailReason::Unreachable,
-            };
-            self.call(j, |s, now, e| s.on_event(now, &ev, e));
+        for m in gone {
+            self.fail(m, FailReason::Unreachable);
         }
+        self.tell_all(&Event::Unreachable(c));
+    }
+
+    /// Server `c` runs again after [`Net::freeze`]: every server is told it is reachable.
+    pub fn thaw(&mut self, c: Coord) {
+        let i = self.dims.index(c);
+        self.up[i] = true;
+        self.tell_all(&Event::Reachable(c));
+    }
+
+    /// Puts a message from `src` to `dst` on the wire, due now (a late or forged one).
+    pub fn inject(&mut self, src: Coord, dst: Coord, service: u16, data: Vec<u8>) {
+        self.flight.push_back(InFlight {
+            at: self.now,
+            src,
+            dst,
+            service,
+            data,
+            tag: 0,
+        });
+    }
+
+    fn fail(&mut self, m: InFlight, reason: FailReason) {
+        let j = self.dims.index(m.src);
+        if !self.up[j] {
+            return;
+        }
+        let ev = Event::Failed {
+            peer: m.dst,
+            service: m.service,
+            tags: vec![m.tag],
+            reason,
+        };
+        self.call(j, |s, now, e| s.on_event(now, &ev, e));
+    }
+
+    fn tell_all(&mut self, ev: &Event) {
         for j in 0..self.up.len() {
             if self.up[j] {
-                let ev = Event::Unreachable(c);
-                self.call(j, |s, now, e| s.on_event(now, &ev, e));
+                self.call(j, |s, now, e| s.on_event(now, ev, e));
             }
         }
     }
@@ -198,6 +241,12 @@ impl<S: Service> Net<S> {
                 let j = self.dims.index(m.dst);
                 if !self.up[j] {
                     continue;
+                }
+                if let Some(lose) = self.lose.as_mut() {
+                    if lose(m.src, m.dst, &m.data) {
+                        self.fail(m, FailReason::Silent);
+                        continue;
+                    }
                 }
                 let ev = Event::Message {
                     src: m.src,

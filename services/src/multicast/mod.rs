@@ -15,6 +15,15 @@
 //! reported, or at its deadline. Relays (servers outside the group) forward but do not
 //! report. Until the view settles, an edge whose link failed is carried over a detour by
 //! the routing (the extra hops are counted).
+//!
+//! No control message is trusted to arrive once: a `Start` or `Done` may be reported failed
+//! (the peer went silent for a while, as a starved daemon does) or refused (the peer was
+//! unreachable for a moment). So the root sends `Start` again, once a second, to every
+//! reachable member that has not reported, and a member that holds everything answers
+//! with its `Done` again; a member that lacks chunks asks its parents again every second;
+//! a parent that never heard of the transfer joins it from the child's `Have`. A loss
+//! costs a second, never the transfer. Servers remember the transfers that ended, so a
+//! late message does not bring one back.
 
 pub mod wire;
 
@@ -47,6 +56,8 @@ const SETTLE: Duration = Duration::from_millis(150);
 const STALL: Duration = Duration::from_secs(1);
 /// A transfer nobody has touched for this long is forgotten (its End was lost).
 const IDLE: Duration = Duration::from_secs(120);
+/// How many ended transfers a server remembers (to ignore their late messages).
+const ENDED: usize = 1024;
 
 /// Deterministic bytes for tests and benchmarks (`seed` picks them).
 pub fn generate(len: u64, seed: u64) -> Vec<u8> {
@@ -96,7 +107,10 @@ impl Buf {
 struct RootState {
     members: Vec<Coord>,
     done: HashMap<Coord, (Time, bool)>,
+    /// Members that had not reported and were unreachable when last looked at.
     lost: HashSet<Coord>,
+    /// When the members that have not reported were last sent `Start` again.
+    polled: Time,
     started: Time,
     deadline: Time,
     reply: Sender<Value>,
@@ -110,6 +124,8 @@ struct Xfer {
     missing: u32,
     member: Option<bool>,
     done_sent: bool,
+    /// The checksum of the bytes, once all are held (a `Done` may have to be sent again).
+    sum: Option<u64>,
     trees: Option<Trees>,
     adopted: HashSet<(usize, Coord)>,
     out: VecDeque<(Coord, u32)>,
@@ -171,6 +187,12 @@ pub struct McastStats {
     pub completed: u64,
     /// Times this server asked its parents again after a second without progress.
     pub asked: u64,
+    /// `Start`s the root sent again to members that had not reported.
+    pub repolled: u64,
+    /// `Done`s sent again, in answer to a `Start` for a transfer held whole.
+    pub redone: u64,
+    /// Messages for transfers that had ended here, ignored.
+    pub late: u64,
 }
 
 /// The multicast service of one server.
@@ -183,6 +205,8 @@ pub struct Multicast {
     /// Control messages (Start, Have, Done, End) waiting for room in the transport: they
     /// go before any chunk and are never dropped for want of room.
     ctl: VecDeque<(Coord, Vec<u8>)>,
+    /// The transfers that ended here, newest last (at most [`ENDED`]).
+    ended: VecDeque<u64>,
     /// Counters.
     pub stats: McastStats,
 }
@@ -246,11 +270,6 @@ impl Multicast {
         };
         let chunks = size.div_ceil(u64::from(chunk)) as u32;
         let trees = view_of(node).map(|v| Trees::build(&v, me));
-        let lost: HashSet<Coord> = members
-            .iter()
-            .copied()
-            .filter(|c| !node.is_reachable(*c))
-            .collect();
         let mut x = Xfer {
             t,
             buf: Buf::Shared(req.data),
@@ -258,6 +277,7 @@ impl Multicast {
             missing: 0,
             member: Some(false),
             done_sent: true,
+            sum: Some(t.checksum),
             trees,
             adopted: HashSet::new(),
             out: VecDeque::new(),
@@ -266,7 +286,8 @@ impl Multicast {
             root: Some(RootState {
                 members: members.clone(),
                 done: HashMap::new(),
-                lost,
+                lost: HashSet::new(),
+                polled: now,
                 started: now,
                 deadline: now + req.timeout,
                 reply: req.reply,
@@ -300,6 +321,10 @@ impl Multicast {
 
     fn xfer_for(&mut self, now: Time, t: &Transfer, node: &dyn Engine) -> Option<&mut Xfer> {
         if !self.xfers.contains_key(&t.id) {
+            if self.ended.contains(&t.id) {
+                self.stats.late += 1;
+                return None;
+            }
             let chunks = t.size.div_ceil(u64::from(t.chunk.max(1)));
             if t.size == 0
                 || t.size > MAX_SIZE
@@ -320,6 +345,7 @@ impl Multicast {
                     missing: chunks as u32,
                     member: None,
                     done_sent: false,
+                    sum: None,
                     trees: view.map(|v| Trees::build(&v, t.root)),
                     adopted: HashSet::new(),
                     out: VecDeque::new(),
@@ -347,6 +373,12 @@ impl Multicast {
                 };
                 x.member = Some(member);
                 x.touched = now;
+                if member && x.done_sent && x.missing == 0 {
+                    // The root has not heard our `Done`: it was lost.
+                    x.done_sent = false;
+                    self.stats.redone += 1;
+                    self.stats.completed = self.stats.completed.saturating_sub(1);
+                }
                 self.maybe_done(t.id);
             }
             Msg::Data { t, index, data } => {
@@ -376,8 +408,11 @@ impl Multicast {
                 self.stats.chunks_in += 1;
                 self.maybe_done(t.id);
             }
-            Msg::Have { id, tree, bits } => {
-                let Some(x) = self.xfers.get_mut(&id) else {
+            Msg::Have { t, tree, bits } => {
+                if self.xfer_for(now, &t, node).is_none() {
+                    return;
+                }
+                let Some(x) = self.xfers.get_mut(&t.id) else {
                     return;
                 };
                 let tree = usize::from(tree);
@@ -387,6 +422,12 @@ impl Multicast {
                     return;
                 }
                 x.touched = now;
+                if x.root.is_none() && x.missing == x.chunks() && x.adopted.is_empty() {
+                    // Joined just now, from a child's request: this server's own parents
+                    // have never sent it anything, so it asks them at once.
+                    x.stalled_at = now;
+                    Self::ask_parents(&mut self.ctl, x, me);
+                }
                 x.adopted.insert((tree, src));
                 let mut i = tree as u32;
                 let mut j = 0usize;
@@ -413,6 +454,10 @@ impl Multicast {
             Msg::End { id } => {
                 if self.xfers.get(&id).is_some_and(|x| x.root.is_none()) {
                     self.xfers.remove(&id);
+                    self.order.retain(|i| *i != id);
+                }
+                if !self.ended.contains(&id) {
+                    self.remember_ended(id);
                 }
             }
         }
@@ -428,11 +473,8 @@ impl Multicast {
         }
         x.done_sent = true;
         self.stats.completed += 1;
-        let m = Msg::Done {
-            id,
-            checksum: checksum(x.buf.bytes()),
-        }
-        .encode();
+        let sum = *x.sum.get_or_insert_with(|| checksum(x.buf.bytes()));
+        let m = Msg::Done { id, checksum: sum }.encode();
         let root = x.t.root;
         self.ctl.push_back((root, m));
     }
@@ -443,11 +485,14 @@ impl Multicast {
             return;
         };
         let Some(r) = x.root.as_mut() else { return };
-        for m in &r.members {
-            if !r.done.contains_key(m) && !node.is_reachable(*m) {
-                r.lost.insert(*m);
-            }
-        }
+        // A member down for a moment is waited for again once it is back (it hears `Start`
+        // again): only the members unreachable now are given up.
+        r.lost = r
+            .members
+            .iter()
+            .filter(|m| !r.done.contains_key(m) && !node.is_reachable(**m))
+            .copied()
+            .collect();
         let waiting = r
             .members
             .iter()
@@ -504,8 +549,9 @@ impl Multicast {
         });
         if !incomplete.is_empty() {
             v["error"] = json!(format!(
-                "{} member(s) incomplete at the deadline",
-                incomplete.len()
+                "{} member(s) incomplete at the deadline: {}",
+                incomplete.len(),
+                incomplete.join(" ")
             ));
         } else if !bad.is_empty() {
             v["error"] = json!("checksum mismatch");
@@ -517,6 +563,35 @@ impl Multicast {
             }
         }
         self.order.retain(|i| *i != id);
+        self.remember_ended(id);
+    }
+
+    fn remember_ended(&mut self, id: u64) {
+        if self.ended.len() >= ENDED {
+            self.ended.pop_front();
+        }
+        self.ended.push_back(id);
+    }
+
+    /// The root sends `Start` again to every reachable member that has not reported.
+    fn repoll(&mut self, now: Time, node: &dyn Engine) {
+        for x in self.xfers.values_mut() {
+            let Some(r) = x.root.as_mut() else { continue };
+            if now.since(r.polled) < STALL {
+                continue;
+            }
+            r.polled = now;
+            for m in &r.members {
+                if !r.done.contains_key(m) && node.is_reachable(*m) {
+                    let msg = Msg::Start {
+                        t: x.t,
+                        member: true,
+                    };
+                    self.ctl.push_back((*m, msg.encode()));
+                    self.stats.repolled += 1;
+                }
+            }
+        }
     }
 
     /// New trees from the settled view; each new parent learns what its child holds.
@@ -589,7 +664,7 @@ impl Multicast {
                 ctl.push_back((
                     p,
                     Msg::Have {
-                        id: x.t.id,
+                        t: x.t,
                         tree: t as u8,
                         bits: &bits,
                     }
@@ -753,6 +828,7 @@ impl Service for Multicast {
                 Self::ask_parents(&mut self.ctl, x, me);
             }
         }
+        self.repoll(now, node);
         work += self.send_some(now, node);
         let late: Vec<u64> = self
             .xfers
@@ -764,12 +840,16 @@ impl Service for Multicast {
             self.maybe_finish(now, id, node);
             work += 1;
         }
-        let before = self.xfers.len();
-        self.xfers
-            .retain(|_, x| x.root.is_some() || now.since(x.touched) < IDLE);
-        if self.xfers.len() != before {
-            let live: HashSet<u64> = self.xfers.keys().copied().collect();
-            self.order.retain(|i| live.contains(i));
+        let idle: Vec<u64> = self
+            .xfers
+            .iter()
+            .filter(|(_, x)| x.root.is_none() && now.since(x.touched) >= IDLE)
+            .map(|(k, _)| *k)
+            .collect();
+        for id in idle {
+            self.xfers.remove(&id);
+            self.order.retain(|i| *i != id);
+            self.remember_ended(id);
         }
         work
     }
@@ -782,7 +862,7 @@ impl Service for Multicast {
             .xfers
             .values()
             .filter_map(|x| match &x.root {
-                Some(r) => Some(r.deadline),
+                Some(r) => Some(r.deadline.min(r.polled + STALL)),
                 None if x.missing > 0 => Some(x.stalled_at + STALL),
                 None => None,
             })

@@ -82,6 +82,129 @@ fn a_group_and_a_server_killed_midway() {
 }
 
 #[test]
+fn lost_starts_and_dones_cost_a_second_not_the_transfer() {
+    let dims = Dims::new(3, 3, 3).unwrap();
+    let mut net = Net::new(dims, |_| Multicast::default());
+    // The first `Start` to three members and the first `Done` from three others are reported
+    // failed by the transport, as when a starved peer goes silent for a while.
+    let no_start = [
+        Coord::new(2, 2, 2),
+        Coord::new(1, 0, 0),
+        Coord::new(0, 2, 1),
+    ];
+    let no_done = [
+        Coord::new(1, 1, 0),
+        Coord::new(2, 0, 2),
+        Coord::new(0, 1, 1),
+    ];
+    let mut lost = std::collections::HashSet::new();
+    net.lose = Some(Box::new(move |src, dst, b: &[u8]| {
+        let hit = match b.first() {
+            Some(1) => no_start.contains(&dst),
+            Some(4) => no_done.contains(&src),
+            _ => false,
+        };
+        hit && lost.insert((src, dst, b[0]))
+    }));
+    let root = Coord::new(0, 0, 0);
+    let data = Arc::new(generate(200_000, 4));
+    let rx = start(&mut net, root, &data, None);
+    net.run(Time::from_nanos(10_000_000_000));
+    let v = rx.try_recv().expect("a result");
+    assert!(v.get("error").is_none(), "{v}");
+    assert_eq!(v["completed"], 26, "{v}");
+    assert!(v["checksum_mismatch"].as_array().is_some_and(Vec::is_empty));
+    let root_stats = &net.svc[dims.index(root)].stats;
+    assert!(root_stats.repolled >= 6, "{root_stats:?}");
+    let redone: u64 = net.svc.iter().map(|s| s.stats.redone).sum();
+    assert_eq!(redone, 3);
+    // Each member counts its completion once, however often it reported it.
+    assert_eq!(net.svc.iter().map(|s| s.stats.completed).sum::<u64>(), 26);
+    // A chunk of the ended transfer arriving late does not bring it back.
+    let t = super::wire::Transfer {
+        id: u64::from_str_radix(v["id"].as_str().unwrap(), 16).unwrap(),
+        root,
+        size: 200_000,
+        chunk: 4096,
+        checksum: u64::from_str_radix(v["checksum"].as_str().unwrap(), 16).unwrap(),
+    };
+    let late = super::wire::Msg::Data {
+        t,
+        index: 0,
+        data: &data[..4096],
+    };
+    let (a, b) = (Coord::new(1, 0, 0), Coord::new(2, 0, 0));
+    net.inject(a, b, super::MCAST, late.encode());
+    let now = net.now;
+    net.run(now + std::time::Duration::from_millis(10));
+    let s = &net.svc[dims.index(b)];
+    assert!(s.xfers.is_empty());
+    assert_eq!(s.stats.late, 1);
+}
+
+#[test]
+fn a_server_unreachable_at_the_start_joins_and_relays() {
+    let dims = Dims::new(3, 3, 3).unwrap();
+    let mut net = Net::new(dims, |_| Multicast::default());
+    net.budget = 2;
+    let root = Coord::new(0, 0, 0);
+    // A neighbour of the root is frozen when the transfer starts: the root leaves it out
+    // of the trees and of the `Start`s, and its parents' first sends to it are refused.
+    let p = Coord::new(1, 0, 0);
+    net.freeze(p);
+    let data = Arc::new(generate(600_000, 8));
+    let rx = start(&mut net, root, &data, None);
+    net.run(Time::from_nanos(100_000));
+    net.thaw(p);
+    assert!(rx.try_recv().is_err(), "still running when it is back");
+    net.run(Time::from_nanos(10_000_000_000));
+    let v = rx.try_recv().expect("a result");
+    assert!(v.get("error").is_none(), "{v}");
+    // Back in the trees, it repaired its subtrees and completed itself.
+    assert_eq!(v["completed"], 26, "{v}");
+    assert_eq!(v["lost"], serde_json::json!([]), "{v}");
+    assert!(net.svc[dims.index(p)].stats.chunks_out > 0, "it relays");
+}
+
+#[test]
+fn a_parent_that_never_heard_of_the_transfer_joins_from_a_childs_have() {
+    let dims = Dims::new(3, 3, 3).unwrap();
+    let mut net = Net::new(dims, |_| Multicast::default());
+    let root = Coord::new(0, 0, 0);
+    let t = super::wire::Transfer {
+        id: 77,
+        root,
+        size: 64 * 4096,
+        chunk: 4096,
+        checksum: 5,
+    };
+    let view = torusnet_proto::routing::LinkView::all_up(dims).unwrap();
+    let trees = torusnet_proto::trees::Trees::build(&view, root);
+    // A server two levels down tree 0, its parent and grandparent there.
+    let (child, parent) = dims
+        .coords()
+        .find_map(|c| {
+            let p = trees.parent(0, c)?;
+            (p != root && trees.parent(0, p) != Some(root)).then_some((c, p))
+        })
+        .expect("a tree deep enough");
+    let grand = trees.parent(0, parent).expect("a grandparent");
+    let have = super::wire::Msg::Have {
+        t,
+        tree: 0,
+        bits: &[0u8; 2],
+    };
+    net.inject(child, parent, super::MCAST, have.encode());
+    let now = net.now;
+    net.run(now + crate::testnet::HOP * 20);
+    let x = net.svc[dims.index(parent)].xfers.get(&77).expect("joined");
+    assert!(x.adopted.contains(&(0, child)));
+    // It asked its own parent at once, which joined the same way.
+    let g = net.svc[dims.index(grand)].xfers.get(&77).expect("asked");
+    assert!(g.adopted.contains(&(0, parent)));
+}
+
+#[test]
 fn concurrent_transfers_share_the_links() {
     let dims = Dims::new(3, 3, 3).unwrap();
     let mut net = Net::new(dims, |_| Multicast::default());

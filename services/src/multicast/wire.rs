@@ -1,6 +1,7 @@
 //! Messages of the multicast service (service 9, reliable, little endian). Every `Data`
-//! carries what a server needs to join a transfer it has not heard of yet (size, chunk
-//! size, checksum, root), so a chunk that overtakes the `Start` is never lost. Decoding
+//! and `Have` carries what a server needs to join a transfer it has not heard of yet (size,
+//! chunk size, checksum, root), so a chunk that overtakes the `Start`, or a repair request
+//! to a server whose `Start` was lost, is never lost. Decoding
 //! checks every length; nothing panics on bytes from the network.
 
 use torusnet_proto::topology::Coord;
@@ -39,10 +40,12 @@ pub enum Msg<'a> {
         /// Its bytes.
         data: &'a [u8],
     },
-    /// A child to its (new) parent in tree `tree`: the chunks of that tree it holds.
+    /// A child to its (new) parent in tree `tree`: the chunks of that tree it holds. It
+    /// names the whole transfer, so a parent that never heard of it (its `Start` and
+    /// chunks were lost while it was unreachable) joins it and repairs its subtree.
     Have {
-        /// The transfer's id.
-        id: u64,
+        /// The transfer.
+        t: Transfer,
         /// The tree.
         tree: u8,
         /// Bit `j`: the tree's `j`-th chunk (chunk `j * trees + tree`) is held.
@@ -129,9 +132,9 @@ impl Msg<'_> {
                 o.extend_from_slice(&index.to_le_bytes());
                 o.extend_from_slice(data);
             }
-            Msg::Have { id, tree, bits } => {
+            Msg::Have { t, tree, bits } => {
                 o.push(3);
-                o.extend_from_slice(&id.to_le_bytes());
+                put_t(&mut o, t);
                 o.push(*tree);
                 o.extend_from_slice(bits);
             }
@@ -162,7 +165,7 @@ impl Msg<'_> {
                 data: r.0,
             },
             3 => Msg::Have {
-                id: r.u64()?,
+                t: r.t()?,
                 tree: r.u8()?,
                 bits: r.0,
             },
@@ -198,7 +201,7 @@ mod tests {
                 data: b"abc",
             },
             Msg::Have {
-                id: 7,
+                t,
                 tree: 3,
                 bits: &[0xff, 1],
             },
