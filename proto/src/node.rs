@@ -314,6 +314,8 @@ pub struct Node {
     source: SourceRouter,
     /// The latest time a caller gave: view changes arrive without one.
     last_now: Time,
+    /// The unwritten tail of the frame built last ([`Node::take_declared_tail`]).
+    declared: Option<(usize, u8)>,
     transport_cfg: TransportConfig,
 }
 
@@ -344,6 +346,7 @@ impl Node {
             mtu: cfg.mtu,
             source: SourceRouter::new(local),
             last_now: Time::ZERO,
+            declared: None,
             transport_cfg: cfg,
         })
     }
@@ -489,6 +492,33 @@ impl Node {
         data: &[u8],
         opts: MsgOptions,
     ) -> Result<(), SendError> {
+        self.send_hinted(now, target, service, data, opts, None)
+    }
+
+    /// [`Node::send`] of a message whose bytes are all `value` (the caller looked once for
+    /// many sends of the same bytes): a compacting send queue
+    /// ([`transport::Config::compact_runs`]) does not look again.
+    pub fn send_run(
+        &mut self,
+        now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: MsgOptions,
+        value: u8,
+    ) -> Result<(), SendError> {
+        self.send_hinted(now, target, service, data, opts, Some(value))
+    }
+
+    fn send_hinted(
+        &mut self,
+        now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: MsgOptions,
+        run: Option<u8>,
+    ) -> Result<(), SendError> {
         let MsgOptions {
             reliable,
             fences,
@@ -538,18 +568,19 @@ impl Node {
         self.last_now = self.last_now.max(now);
         self.source
             .touch(now, &self.view, dest, from.unwrap_or(service));
-        self.transport.send(
-            now,
-            Outgoing {
-                dest,
-                service,
-                data,
-                reliable,
-                fences,
-                tag,
-                from: from.unwrap_or(service),
-            },
-        )
+        let m = Outgoing {
+            dest,
+            service,
+            data,
+            reliable,
+            fences,
+            tag,
+            from: from.unwrap_or(service),
+        };
+        match run {
+            Some(v) => self.transport.send_run(now, m, v),
+            None => self.transport.send(now, m),
+        }
     }
 
     /// Handles a frame received on link `link` (Ethernet header included). The frame may be
@@ -809,6 +840,7 @@ impl Node {
         keep: Option<transport::Keep<'_>>,
     ) -> Option<(Dir, usize, bool)> {
         self.last_now = self.last_now.max(now);
+        self.declared = None;
         let room_links = LinkSet(room.bits());
         if let Some(t) = self
             .source
@@ -832,12 +864,25 @@ impl Node {
             .transport
             .poll_transmit_keeping(now, room_links, &paths, buf, keep)?;
         let dir = Dir::from_index(t.link)?;
+        let tail = self.transport.take_declared_tail();
         let len = if stamped {
+            // Stamping moves the payload: the tail is written first.
+            if let Some((at, v)) = tail {
+                buf[at..t.len].fill(v);
+            }
             self.source.stamp(buf, t.len, dir, t.service)
         } else {
+            self.declared = tail;
             t.len
         };
         Some((dir, len, t.kept))
+    }
+
+    /// Where the frame the last `poll_transmit` call built stops being written, and the
+    /// value its bytes from there to its end have
+    /// ([`transport::Config::declare_tails`]; `None`: every byte written).
+    pub fn take_declared_tail(&mut self) -> Option<(usize, u8)> {
+        self.declared.take()
     }
 
     /// Moves the handles of the driver's buffers the transport no longer keeps into `out`

@@ -113,6 +113,28 @@ impl FramePool {
         SimFrame::whole(buf)
     }
 
+    /// The frame `buf[..len]` whose bytes from `at` on were not written and are all `fill`
+    /// (the engine declared them: [`crate::transport::Config::declare_tails`]): carried as a
+    /// run without writing or scanning them, or written out when too short to be worth it.
+    pub(super) fn frame_declared(
+        &mut self,
+        mut buf: Vec<u8>,
+        len: usize,
+        at: usize,
+        fill: u8,
+    ) -> SimFrame {
+        let at = at.min(len);
+        if len - at < MIN_RUN {
+            buf[at..len].fill(fill);
+            return self.frame(buf, len);
+        }
+        let mut f = self.head_of(&buf[..at]);
+        self.give(buf);
+        f.run = (len - at) as u32;
+        f.fill = fill;
+        f
+    }
+
     /// A frame of exactly the bytes `b`: in the frame itself when they fit.
     fn head_of(&mut self, b: &[u8]) -> SimFrame {
         let mut f = SimFrame::default();

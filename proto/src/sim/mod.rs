@@ -151,6 +151,9 @@ impl Sim {
         // Thousands of engines share this process's memory: each keeps few spare frame
         // buffers (a server of its own keeps a window's worth, to allocate nothing).
         cfg.transport.spare_frames = cfg.transport.spare_frames.min(SIM_SPARE_FRAMES);
+        // Every frame an engine builds here is taken by `Part::send_own`, which carries a
+        // declared tail as the run it is (with `compact_runs`; without, none is declared).
+        cfg.transport.declare_tails = true;
         let view = LinkView::all_up(cfg.dims).map_err(|e| e.to_string())?;
         let n = cfg.dims.count() as usize;
         if threads == 0 || threads > n {
@@ -322,7 +325,7 @@ impl Sim {
         opts: MsgOptions,
     ) -> Result<(), SendError> {
         let (p, li) = self.at(i);
-        let r = self.parts[p].send(&self.ctx, li, target, service, data, opts);
+        let r = self.parts[p].send(&self.ctx, li, target, service, data, opts, None);
         while let Some(e) = self.ctx.up[i]
             .then(|| self.parts[p].nodes[li].poll_event())
             .flatten()
@@ -348,6 +351,12 @@ impl Sim {
             let (p, li) = self.at(i);
             mine[p].push((k, li, target));
         }
+        // Every source sends the same bytes: whether they are a run is looked at once, not
+        // by each engine's compacting queue.
+        let run = (self.ctx.cfg.transport.compact_runs
+            && data.len() >= crate::transport::fair_queue::MIN_RUN)
+            .then(|| crate::byte_run::run_value(data))
+            .flatten();
         let (ctx, parts) = (self.ctx.clone(), &mut self.parts);
         // Each part also takes its senders' events (the engines are in its cache now;
         // polling them later, one after another on one thread, was a serial pause for all).
@@ -356,7 +365,7 @@ impl Sim {
             let results = mine[p]
                 .iter()
                 .map(|&(k, li, target)| {
-                    let r = part.send(&ctx, li, target, service, data, opts);
+                    let r = part.send(&ctx, li, target, service, data, opts, run);
                     let i = part.lo + li;
                     while let Some(e) = ctx.up[i].then(|| part.nodes[li].poll_event()).flatten() {
                         events.push((i as u32, e));

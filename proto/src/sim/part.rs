@@ -253,7 +253,10 @@ impl Part {
         let mut buf = self.pool.take(ETH_LEN + ctx.cfg.transport.mtu);
         match self.nodes[li].poll_transmit(now, room, &mut buf) {
             Some((dir, len)) => {
-                let f = self.pool.frame(buf, len);
+                let f = match self.nodes[li].take_declared_tail() {
+                    Some((at, fill)) => self.pool.frame_declared(buf, len, at, fill),
+                    None => self.pool.frame(buf, len),
+                };
                 self.transmit(ctx, li, dir, f);
                 true
             }
@@ -308,6 +311,8 @@ impl Part {
 
     /// Sends a message from server `li` and lets it act at once (the engine decides
     /// everything else).
+    /// `run`: the value every byte of `data` has, if the caller looked.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn send(
         &mut self,
         ctx: &Ctx,
@@ -316,11 +321,16 @@ impl Part {
         service: u16,
         data: &[u8],
         opts: MsgOptions,
+        run: Option<u8>,
     ) -> Result<(), SendError> {
         if !ctx.up[self.lo + li] {
             return Err(SendError::WouldBlock);
         }
-        let r = self.nodes[li].send(self.now, target, service, data, opts);
+        let node = &mut self.nodes[li];
+        let r = match run {
+            Some(v) => node.send_run(self.now, target, service, data, opts, v),
+            None => node.send(self.now, target, service, data, opts),
+        };
         // Serviced at once, not through a wake-up event at the same instant (that was a
         // fifth of all events); what it delivers locally is handed out by the next run.
         self.service(ctx, li);

@@ -28,6 +28,10 @@ impl ByteRing {
 
     /// Appends `data`, growing the storage when it is full.
     pub fn push(&mut self, data: &[u8]) {
+        if data.is_empty() {
+            // An empty ring has no storage yet: nothing to place, and no index to mask.
+            return;
+        }
         let need = self.len + data.len();
         if need > self.buf.len() {
             self.grow(need);

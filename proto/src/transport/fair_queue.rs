@@ -47,7 +47,7 @@ pub struct Queued {
 }
 
 /// Messages shorter than this are held as bytes even by a compacting queue.
-const MIN_RUN: usize = 512;
+pub(crate) const MIN_RUN: usize = 512;
 
 /// How far the message at the head of a queue has been framed (only the head can be partly
 /// sent: a message larger than a frame goes out in fragments, one per turn).
@@ -117,48 +117,77 @@ impl ServiceQueue {
     /// Copies the next `out.len()` unsent bytes of the head message into `out` and drops them
     /// from the queue; pops the head when all of it has been taken.
     pub fn take(&mut self, out: &mut [u8]) {
+        self.take_declaring(out, false);
+    }
+
+    /// [`ServiceQueue::take`], but with `declare`, bytes the head holds as a run are not
+    /// written: the answer says so (`Some((0, value))`: all of `out` is `value`), and the
+    /// caller owns writing them or carrying them as a run.
+    pub fn take_declaring(&mut self, out: &mut [u8], declare: bool) -> Option<(usize, u8)> {
         let n = out.len();
-        let Some(h) = self.meta.front() else {
-            return;
-        };
+        let h = self.meta.front()?;
         let run = h.run;
+        let len = h.len;
         if self.progress.sent == 0 {
             // Framed alone (whole or in fragments): its aggregated-message header goes.
             self.bytes.skip(MSG_HEADER_LEN);
         }
+        let mut declared = None;
         match run {
             Some(v) => {
-                out.fill(v);
+                if declare && n > 0 {
+                    declared = Some((0, v));
+                } else {
+                    out.fill(v);
+                }
                 self.compacted -= n.min(self.compacted);
             }
             None => self.bytes.take(out),
         }
         self.data -= n.min(self.data);
         self.progress.sent += n as u32;
-        if self.progress.sent >= h.len {
+        if self.progress.sent >= len {
             self.meta.pop_front();
             self.runs -= usize::from(run.is_some());
             self.progress = HeadProgress::default();
         }
+        declared
     }
 
     /// Copies the next `count` messages, none of them partly sent, in wire form (each with
     /// its aggregated-message header) into `out`, which their bytes fill exactly, and pops
     /// them.
     pub fn take_aggregated(&mut self, count: usize, out: &mut [u8]) {
+        self.take_aggregated_declaring(count, out, false);
+    }
+
+    /// [`ServiceQueue::take_aggregated`], but with `declare`, a run that ends `out` (the
+    /// last message's, when it is held as one) is not written: the answer is where it
+    /// starts in `out` and its value, and the caller owns writing it or carrying it as a run.
+    pub fn take_aggregated_declaring(
+        &mut self,
+        count: usize,
+        out: &mut [u8],
+        declare: bool,
+    ) -> Option<(usize, u8)> {
         let count = count.min(self.meta.len());
+        let mut declared = None;
         if self.runs == 0 {
             self.bytes.take(out);
         } else {
             // Header by header, each message's bytes from the ring or written as its run.
             let mut at = 0;
-            for m in self.meta.iter().take(count) {
+            for (k, m) in self.meta.iter().take(count).enumerate() {
                 let end = (at + MSG_HEADER_LEN + m.len as usize).min(out.len());
                 let body = (at + MSG_HEADER_LEN).min(end);
                 self.bytes.take(&mut out[at..body]);
                 match m.run {
                     Some(v) => {
-                        out[body..end].fill(v);
+                        if declare && k + 1 == count && end == out.len() && end > body {
+                            declared = Some((body, v));
+                        } else {
+                            out[body..end].fill(v);
+                        }
                         self.runs -= 1;
                         self.compacted -= (end - body).min(self.compacted);
                     }
@@ -169,6 +198,7 @@ impl ServiceQueue {
         }
         self.data -= (out.len() - count * MSG_HEADER_LEN).min(self.data);
         self.meta.drain(..count);
+        declared
     }
 }
 
@@ -271,10 +301,14 @@ impl FairQueue {
         // A message too long for the header's length is never aggregated: the header is
         // skipped when it is framed alone.
         wire::write_msg_header(&mut hdr, data.len() as u16, q.service, fl);
-        q.run = None;
-        if compact && data.len() >= MIN_RUN {
-            q.run = run_value(data);
-        }
+        // A run the sender vouched for (it looked once for many sends of the same bytes)
+        // is not looked for again.
+        q.run = if compact && data.len() >= MIN_RUN {
+            debug_assert!(q.run.is_none() || q.run == run_value(data));
+            q.run.or_else(|| run_value(data))
+        } else {
+            None
+        };
         if q.run.is_some() {
             sq.bytes.push(&hdr);
             sq.runs += 1;
@@ -464,6 +498,9 @@ mod tests {
         let mut rng = crate::rng::SplitMix64::new(5);
         let mut plain = FairQueue::new(40_000);
         let mut compact = FairQueue::compacting(40_000);
+        // Tails the compacting queue left unwritten and declared (written here, as the
+        // simulator's driver does), and pushes with the run given by the sender.
+        let (mut declared, mut hinted) = (0, 0);
         for step in 0..20_000u64 {
             let len = [3usize, 100, 600, 2000, 9000][rng.below(5) as usize];
             match rng.below(7) {
@@ -484,7 +521,12 @@ mod tests {
                         len: len as u32,
                         ..msg(0)
                     };
-                    assert_eq!(plain.push(1, q, &data), compact.push(1, q, &data));
+                    let mut qc = q;
+                    if rng.below(2) == 0 {
+                        qc.run = crate::byte_run::run_value(&data);
+                        hinted += usize::from(qc.run.is_some());
+                    }
+                    assert_eq!(plain.push(1, q, &data), compact.push(1, qc, &data));
                 }
                 3 | 4 if plain.services() > 0 => {
                     let (a, b) = (plain.queue_mut(0), compact.queue_mut(0));
@@ -493,7 +535,11 @@ mod tests {
                     let n = (1 + rng.below(left.max(1))).min(left) as usize;
                     let (mut x, mut y) = (vec![0u8; n], vec![1u8; n]);
                     a.take(&mut x);
-                    b.take(&mut y);
+                    if let Some((at, v)) = b.take_declaring(&mut y, rng.below(2) == 0) {
+                        assert!(y[at..].iter().all(|b| *b == 1), "left unwritten");
+                        y[at..].fill(v);
+                        declared += 1;
+                    }
                     assert_eq!(x, y, "step {step}");
                 }
                 5 if plain.services() > 0 => {
@@ -509,7 +555,12 @@ mod tests {
                         .sum();
                     let (mut x, mut y) = (vec![0u8; wire], vec![1u8; wire]);
                     a.take_aggregated(count, &mut x);
-                    b.take_aggregated(count, &mut y);
+                    let declare = rng.below(2) == 0;
+                    if let Some((at, v)) = b.take_aggregated_declaring(count, &mut y, declare) {
+                        assert!(y[at..].iter().all(|b| *b == 1), "left unwritten");
+                        y[at..].fill(v);
+                        declared += 1;
+                    }
                     assert_eq!(x, y, "step {step}");
                 }
                 6 => {
@@ -521,5 +572,6 @@ mod tests {
             assert_eq!(plain.total(), compact.total());
             assert_eq!(plain.total_bytes(), compact.total_bytes());
         }
+        assert!(declared > 100 && hinted > 100, "{declared} {hinted}");
     }
 }

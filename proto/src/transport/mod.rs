@@ -194,6 +194,12 @@ pub struct Config {
     /// each copy every payload into a queue of their own. Off in a dataplane, where
     /// looking would cost a pass over every message for nothing.
     pub compact_runs: bool,
+    /// With `compact_runs`: a short frame whose tail is a message held as a run leaves that
+    /// run unwritten in the driver's buffer and says so
+    /// ([`Transport::take_declared_tail`], right after the frame). For the simulator,
+    /// which carries such tails as a count anyway: writing 8 KB only to scan it back was a
+    /// tenth of its run. A driver that sets it must write or carry every declared tail.
+    pub declare_tails: bool,
 }
 
 impl Default for Config {
@@ -219,6 +225,7 @@ impl Default for Config {
             sync_retry: Duration::from_millis(5),
             spare_frames: 512,
             compact_runs: false,
+            declare_tails: false,
         }
     }
 }
@@ -562,6 +569,8 @@ pub struct Transport {
     pacing: RxPacing,
     /// Peers told a small grant, to be told at once when room returns.
     starved: Vec<Coord>,
+    /// The unwritten tail of the frame built last ([`Config::declare_tails`]).
+    declared: Option<(usize, u8)>,
 }
 
 /// Bytes of a SYNC payload: the sender's incarnation (u64) and flags (u8).
@@ -607,6 +616,7 @@ impl Transport {
             announce: VecDeque::new(),
             pacing: RxPacing::new(cfg.window),
             starved: Vec::new(),
+            declared: None,
         }
     }
 
@@ -811,6 +821,22 @@ impl Transport {
 
     /// Queues a message. Refused (nothing taken) when the service's queue is full.
     pub fn send(&mut self, now: Time, m: Outgoing<'_>) -> Result<(), SendError> {
+        self.send_hinted(now, m, None)
+    }
+
+    /// [`Transport::send`] of a message whose bytes are all `value` (the caller looked,
+    /// once for many sends of the same bytes): a compacting queue does not look again.
+    pub fn send_run(&mut self, now: Time, m: Outgoing<'_>, value: u8) -> Result<(), SendError> {
+        debug_assert!(m.data.iter().all(|b| *b == value));
+        self.send_hinted(now, m, Some(value))
+    }
+
+    fn send_hinted(
+        &mut self,
+        now: Time,
+        m: Outgoing<'_>,
+        run: Option<u8>,
+    ) -> Result<(), SendError> {
         if m.dest == self.local {
             return Err(SendError::ToSelf);
         }
@@ -846,7 +872,7 @@ impl Transport {
                 Fences::default()
             },
             enqueued: now,
-            run: None,
+            run,
         };
         self.queues
             .push(m.from, q, m.data)
@@ -1398,6 +1424,7 @@ impl Transport {
         keep: Option<Keep<'_>>,
     ) -> Option<Transmit> {
         self.last_now = self.last_now.max(now);
+        self.declared = None;
         if room.is_empty() || buf.len() < ETH_LEN + self.cfg.mtu.max(TORUS_LEN) {
             return None;
         }
@@ -1408,6 +1435,13 @@ impl Transport {
             return Some(t);
         }
         self.poll_data(now, room, paths, buf, keep)
+    }
+
+    /// Where the frame built by the last `poll_transmit` call stops being written, and the
+    /// value its bytes from there to its end have ([`Config::declare_tails`]; `None`: every
+    /// byte written).
+    pub fn take_declared_tail(&mut self) -> Option<(usize, u8)> {
+        self.declared.take()
     }
 
     /// Moves the handles of the driver's buffers the transport no longer keeps (their frames
@@ -1606,6 +1640,7 @@ impl Transport {
                     link,
                     buf,
                     &mut self.stats,
+                    &mut self.declared,
                 )
             };
             self.queues.used_turn(qi);
@@ -1674,8 +1709,10 @@ fn build_short_frame(
     link: LinkId,
     buf: &mut [u8],
     stats: &mut Stats,
+    declared: &mut Option<(usize, u8)>,
 ) -> Transmit {
     let from = q.service;
+    let declare = cfg.declare_tails && cfg.compact_runs;
     let mut t = Transmit {
         kept: false,
         link,
@@ -1704,11 +1741,13 @@ fn build_short_frame(
             used += need;
             count += 1;
         }
-        q.take_aggregated(count, &mut payload[..used]);
+        let tail = q.take_aggregated_declaring(count, &mut payload[..used], declare);
+        *declared = tail.map(|(at, v)| (HEADERS_LEN + at, v));
         (used, count)
     } else {
         let len = (head.len as usize).min(room);
-        q.take(&mut payload[..len]);
+        let tail = q.take_declaring(&mut payload[..len], declare);
+        *declared = tail.map(|(at, v)| (HEADERS_LEN + at, v));
         (len, 1)
     };
     h.payload_len = plen as u16;
