@@ -117,7 +117,15 @@ impl EventQueue {
             } else {
                 self.cur.append(bucket);
             }
-            self.cur.sort_unstable_by(|a, b| b.cmp(a));
+            // Every event here is due in bucket `cb`: its time is the bucket's start and
+            // fewer than 2^SHIFT ns, so one 128-bit key orders it as the tuple does (two
+            // machine compares instead of three branching ones: the sort was 7% of a run).
+            let base = self.cb << SHIFT;
+            self.cur.sort_unstable_by_key(|e| {
+                debug_assert_eq!(e.0 .0 >> SHIFT, self.cb);
+                let off = u128::from(e.0 .0 - base);
+                std::cmp::Reverse(off << 96 | u128::from(e.1) << 64 | u128::from(e.2))
+            });
         }
     }
 }
