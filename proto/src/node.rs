@@ -104,12 +104,13 @@ impl DropReason {
 /// The links the transport may use: a source-routed flow's first hop, else the next hops.
 struct NodePaths<'a> {
     routes: &'a RouteTable,
-    source: &'a SourceRouter,
+    /// `None` while source routing has never been used here.
+    source: Option<&'a SourceRouter>,
 }
 
 impl NodePaths<'_> {
     fn links(&self, peer: Coord, service: Option<u16>) -> LinkSet {
-        match self.source.route_for(peer, service) {
+        match self.source.and_then(|s| s.route_for(peer, service)) {
             Some(r) => LinkSet(DirSet::EMPTY.with(r.first()).bits()),
             None => LinkSet(self.routes.next_hops(peer).bits()),
         }
@@ -316,6 +317,11 @@ pub struct Node {
     last_now: Time,
     /// The unwritten tail of the frame built last ([`Node::take_declared_tail`]).
     declared: Option<(usize, u8)>,
+    /// Source routing was enabled, or a source-routed frame or probe arrived: until then
+    /// the source router has nothing to do and is not looked at (its state is cache lines
+    /// of its own, read on every send and every transmit otherwise; a simulator's
+    /// thousands of engines missed them each time).
+    source_used: bool,
     transport_cfg: TransportConfig,
 }
 
@@ -347,6 +353,7 @@ impl Node {
             source: SourceRouter::new(local),
             last_now: Time::ZERO,
             declared: None,
+            source_used: false,
             transport_cfg: cfg,
         })
     }
@@ -360,6 +367,7 @@ impl Node {
         t.mtu = self.mtu.saturating_sub(wire::MAX_ROUTE_HOPS);
         self.transport = Transport::new(self.local, t);
         self.source.enable(cfg);
+        self.source_used = true;
     }
 
     /// Turns source routing of this server's own traffic on or off after
@@ -566,8 +574,10 @@ impl Node {
             return Err(SendError::Unreachable);
         }
         self.last_now = self.last_now.max(now);
-        self.source
-            .touch(now, &self.view, dest, from.unwrap_or(service));
+        if self.source_used {
+            self.source
+                .touch(now, &self.view, dest, from.unwrap_or(service));
+        }
         let m = Outgoing {
             dest,
             service,
@@ -619,6 +629,7 @@ impl Node {
             Err(why) => return Received::Action(RxAction::Drop(why)),
         };
         let mut frame = frame;
+        self.source_used |= h.route_len > 0 || h.kind == Kind::Probe;
         if h.route_len > 0 {
             let len = frame.len();
             match self
@@ -692,6 +703,7 @@ impl Node {
             Err(why) => return Some(RxAction::Drop(why)),
         };
         if h.route_len > 0 {
+            self.source_used = true;
             // A probe needs its link's figures, and an arriving frame its whole bytes.
             if h.kind == Kind::Probe || usize::from(h.route_next) == usize::from(h.route_len) {
                 return None;
@@ -842,20 +854,22 @@ impl Node {
         self.last_now = self.last_now.max(now);
         self.declared = None;
         let room_links = LinkSet(room.bits());
-        if let Some(t) = self
-            .source
-            .poll_transmit(&self.view, &self.routes, room, buf)
-        {
-            return Some((t.0, t.1, false));
+        if self.source_used {
+            if let Some(t) = self
+                .source
+                .poll_transmit(&self.view, &self.routes, room, buf)
+            {
+                return Some((t.0, t.1, false));
+            }
         }
         if let Some((d, n)) = self.poll_key(room, buf) {
             return Some((d, n, false));
         }
         let paths = NodePaths {
             routes: &self.routes,
-            source: &self.source,
+            source: self.source_used.then_some(&self.source),
         };
-        let stamped = self.source.is_enabled();
+        let stamped = self.source_used && self.source.is_enabled();
         let keep = keep.map(|k| transport::Keep {
             handle: k.handle.filter(|_| !stamped),
             ..k
@@ -935,7 +949,12 @@ impl Node {
 
     /// The next time `handle_timeout` must run.
     pub fn poll_timeout(&self) -> Option<Time> {
-        match (self.transport.poll_timeout(), self.source.poll_timeout()) {
+        let source = if self.source_used {
+            self.source.poll_timeout()
+        } else {
+            None
+        };
+        match (self.transport.poll_timeout(), source) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -945,7 +964,9 @@ impl Node {
     pub fn handle_timeout(&mut self, now: Time) {
         self.last_now = self.last_now.max(now);
         self.transport.handle_timeout(now);
-        self.source.handle_timeout(now, &self.view);
+        if self.source_used {
+            self.source.handle_timeout(now, &self.view);
+        }
     }
 
     /// The next event for the application: the engine's own, then the transport's.
@@ -1007,7 +1028,7 @@ impl Node {
     pub fn has_pending(&self) -> bool {
         !self.key_out.is_empty()
             || self.transport.queued_messages() > 0
-            || self.source.has_pending()
+            || (self.source_used && self.source.has_pending())
     }
 
     /// The root of `key` in this server's view.
