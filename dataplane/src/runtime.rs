@@ -846,7 +846,9 @@ impl Dataplane {
         for shard in 0..nshards {
             // Links go to pollers round-robin (below); jumbo frames are sent from slots
             // that come on top of the configured chunks.
-            let links = (shard..cfg.links.len()).step_by(nshards).count();
+            let links = (0..cfg.links.len())
+                .filter(|l| poller_of(*l, nshards) == shard)
+                .count();
             let slots = crate::poller::tx_slots(links, chunks_per_frame as u32);
             umems.push(
                 Umem::new(cfg.umem_chunks / nshards as u32 + slots * chunks_per_frame as u32)
@@ -874,7 +876,7 @@ impl Dataplane {
             }
         }
         for (idx, l) in cfg.links.iter().enumerate() {
-            let shard = idx % nshards;
+            let shard = poller_of(idx, nshards);
             link_shard[usize::from(l.dir.index())] = Some(shard);
             let local_mac = mac_of(&l.ifname).map_err(|e| StartError::Link(e.to_string()))?;
             let mut xdp = XdpAttachment::attach(&l.ifname, cfg.mtu, AttachPreference::Auto)
@@ -1286,4 +1288,10 @@ impl Drop for Dataplane {
     fn drop(&mut self) {
         let _ = self.stop();
     }
+}
+
+/// The poller that serves the configuration's `link`-th link: links go to pollers round
+/// robin. The UMEMs are sized by it before the links are opened, so both ask here.
+fn poller_of(link: usize, pollers: usize) -> usize {
+    link % pollers.max(1)
 }
