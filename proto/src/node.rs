@@ -36,14 +36,7 @@ pub enum Received<'f> {
     /// A short message for a local service, borrowed from the frame (the engine queued no
     /// copy of it): the next event, as [`Event::Message`] with `reliable: false` and no
     /// key. The frame is consumed once the caller is done with it.
-    Message {
-        /// Who sent it.
-        src: Coord,
-        /// The service it is for.
-        service: u16,
-        /// Its bytes, in the frame.
-        data: &'f [u8],
-    },
+    Message(transport::Lent<'f>),
     /// Anything else: what [`Node::handle_rx`] would have returned.
     Action(RxAction),
 }
@@ -503,22 +496,10 @@ impl Node {
         self.send_hinted(now, target, service, data, opts, None)
     }
 
-    /// [`Node::send`] of a message whose bytes are all `value` (the caller looked once for
-    /// many sends of the same bytes): a compacting send queue
-    /// ([`transport::Config::compact_runs`]) does not look again.
-    pub fn send_run(
-        &mut self,
-        now: Time,
-        target: Target,
-        service: u16,
-        data: &[u8],
-        opts: MsgOptions,
-        value: u8,
-    ) -> Result<(), SendError> {
-        self.send_hinted(now, target, service, data, opts, Some(value))
-    }
-
-    fn send_hinted(
+    /// [`Node::send`], with `run` the value every byte of `data` has if the caller looked
+    /// (once for many sends of the same bytes: the simulator's `send_many`): a compacting
+    /// send queue ([`transport::Config::compact_runs`]) then does not look again.
+    pub(crate) fn send_hinted(
         &mut self,
         now: Time,
         target: Target,
@@ -587,10 +568,7 @@ impl Node {
             tag,
             from: from.unwrap_or(service),
         };
-        match run {
-            Some(v) => self.transport.send_run(now, m, v),
-            None => self.transport.send(now, m),
-        }
+        self.transport.send_hinted(now, m, run)
     }
 
     /// Handles a frame received on link `link` (Ethernet header included). The frame may be
@@ -599,7 +577,7 @@ impl Node {
         match self.rx(now, link, frame, false) {
             Received::Action(a) => a,
             // Nothing is lent unless asked for.
-            Received::Message { .. } => RxAction::Consumed,
+            Received::Message(_) => RxAction::Consumed,
         }
     }
 
@@ -812,13 +790,7 @@ impl Node {
         // Parsed once, here: the transport takes the header as it is.
         Received::Action(
             match self.transport.handle_parsed_lending(now, h, view, lend) {
-                Ok(Some(m)) => {
-                    return Received::Message {
-                        src: m.src,
-                        service: m.service,
-                        data: m.data,
-                    }
-                }
+                Ok(Some(m)) => return Received::Message(m),
                 Ok(None) => RxAction::Consumed,
                 Err(RecvError::Wire(_)) => RxAction::Drop(DropReason::Malformed),
                 Err(RecvError::FromSelf) => RxAction::Drop(DropReason::BadSource),

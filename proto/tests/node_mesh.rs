@@ -11,7 +11,7 @@ use torusnet_proto::node::{
 use torusnet_proto::routing::LinkView;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Coord, Dims, Dir, DirSet};
-use torusnet_proto::transport::Config;
+use torusnet_proto::transport::{Config, Lent};
 use torusnet_proto::wire::Header;
 
 struct Mesh {
@@ -318,7 +318,7 @@ fn lent_messages_are_those_handle_rx_queues_and_never_overtake() {
     // Nothing queued: lent, and nothing left to poll.
     let (dir, mut f) = frames.remove(0);
     match rx.handle_rx_lending(Time::ZERO, dir.opposite(), &mut f) {
-        Received::Message { src, service, data } => {
+        Received::Message(Lent { src, service, data }) => {
             assert_eq!((src, service), (a, 5));
             assert_eq!(data, &vec![1u8; 1400][..]);
         }

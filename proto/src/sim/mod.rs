@@ -326,12 +326,7 @@ impl Sim {
     ) -> Result<(), SendError> {
         let (p, li) = self.at(i);
         let r = self.parts[p].send(&self.ctx, li, target, service, data, opts, None);
-        while let Some(e) = self.ctx.up[i]
-            .then(|| self.parts[p].nodes[li].poll_event())
-            .flatten()
-        {
-            self.pending.push((i as u32, e));
-        }
+        self.parts[p].take_events(&self.ctx, li, &mut self.pending);
         r
     }
 
@@ -366,10 +361,7 @@ impl Sim {
                 .iter()
                 .map(|&(k, li, target)| {
                     let r = part.send(&ctx, li, target, service, data, opts, run);
-                    let i = part.lo + li;
-                    while let Some(e) = ctx.up[i].then(|| part.nodes[li].poll_event()).flatten() {
-                        events.push((i as u32, e));
-                    }
+                    part.take_events(&ctx, li, &mut events);
                     (k, r)
                 })
                 .collect::<Vec<_>>();

@@ -20,7 +20,7 @@ use crate::control::ControlNode;
 use crate::node::{DropReason, Event, MsgOptions, Node, Received, RxAction, Target};
 use crate::time::Time;
 use crate::topology::{Dir, DirSet};
-use crate::transport::SendError;
+use crate::transport::{Lent, SendError};
 use crate::wire::ETH_LEN;
 
 /// Frames a server holds in transit before it drops forwarded frames.
@@ -326,11 +326,7 @@ impl Part {
         if !ctx.up[self.lo + li] {
             return Err(SendError::WouldBlock);
         }
-        let node = &mut self.nodes[li];
-        let r = match run {
-            Some(v) => node.send_run(self.now, target, service, data, opts, v),
-            None => node.send(self.now, target, service, data, opts),
-        };
+        let r = self.nodes[li].send_hinted(self.now, target, service, data, opts, run);
         // Serviced at once, not through a wake-up event at the same instant (that was a
         // fifth of all events); what it delivers locally is handed out by the next run.
         self.service(ctx, li);
@@ -378,6 +374,18 @@ impl Part {
         }
         if let Some(t) = next {
             self.wake(ctx, li, t);
+        }
+    }
+
+    /// Moves the events server `li`'s engine produced outside a run (a send) into `out`,
+    /// named by the server's index, for the next run to hand out.
+    pub(super) fn take_events(&mut self, ctx: &Ctx, li: usize, out: &mut Vec<(u32, Event)>) {
+        let i = self.lo + li;
+        if !ctx.up[i] {
+            return;
+        }
+        while let Some(e) = self.nodes[li].poll_event() {
+            out.push((i as u32, e));
         }
     }
 
@@ -510,7 +518,7 @@ impl Part {
                 let mut whole = self.pool.expand(frame);
                 let (base, whole_len) = (whole.as_ptr() as usize, whole.len());
                 let a = match self.nodes[n].handle_rx_lending(t, dir.opposite(), &mut whole) {
-                    Received::Message { src, service, data } => {
+                    Received::Message(Lent { src, service, data }) => {
                         // The message becomes the event in the frame's own buffer, moved
                         // to its front while the buffer is still in the cache (a copy into
                         // another buffer, long cold, cost about 6% of the run).

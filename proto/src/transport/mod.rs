@@ -368,8 +368,9 @@ pub enum Event {
     },
 }
 
-/// A short message handed back by [`Transport::handle_parsed_lending`], borrowed from the
-/// frame it arrived in, instead of queued in the inbox.
+/// A short message handed back by [`Transport::handle_parsed_lending`] (and
+/// `Node::handle_rx_lending`), borrowed from the frame it arrived in, instead of queued in
+/// the inbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lent<'f> {
     /// The server that sent it.
@@ -824,19 +825,16 @@ impl Transport {
         self.send_hinted(now, m, None)
     }
 
-    /// [`Transport::send`] of a message whose bytes are all `value` (the caller looked,
-    /// once for many sends of the same bytes): a compacting queue does not look again.
-    pub fn send_run(&mut self, now: Time, m: Outgoing<'_>, value: u8) -> Result<(), SendError> {
-        debug_assert!(m.data.iter().all(|b| *b == value));
-        self.send_hinted(now, m, Some(value))
-    }
-
-    fn send_hinted(
+    /// [`Transport::send`], with `run` the value every byte of the message has if the
+    /// caller looked (once for many sends of the same bytes, as the simulator does): a
+    /// compacting queue then does not look again.
+    pub(crate) fn send_hinted(
         &mut self,
         now: Time,
         m: Outgoing<'_>,
         run: Option<u8>,
     ) -> Result<(), SendError> {
+        debug_assert!(run.is_none_or(|v| m.data.iter().all(|b| *b == v)));
         if m.dest == self.local {
             return Err(SendError::ToSelf);
         }
@@ -1730,7 +1728,7 @@ fn build_short_frame(
     let payload = &mut buf[HEADERS_LEN..ETH_LEN + cfg.mtu];
     // A short message always fits one frame with its header (sends check it), so the head
     // is taken whole, alone or with the short messages to the same peer behind it.
-    let (plen, messages) = if cfg.aggregate {
+    let (plen, messages, tail) = if cfg.aggregate {
         h.flags |= flags::AGGREGATED;
         let (mut used, mut count) = (0usize, 0usize);
         for m in q.iter() {
@@ -1742,14 +1740,13 @@ fn build_short_frame(
             count += 1;
         }
         let tail = q.take_aggregated_declaring(count, &mut payload[..used], declare);
-        *declared = tail.map(|(at, v)| (HEADERS_LEN + at, v));
-        (used, count)
+        (used, count, tail)
     } else {
         let len = (head.len as usize).min(room);
         let tail = q.take_declaring(&mut payload[..len], declare);
-        *declared = tail.map(|(at, v)| (HEADERS_LEN + at, v));
-        (len, 1)
+        (len, 1, tail)
     };
+    *declared = tail.map(|(at, v)| (HEADERS_LEN + at, v));
     h.payload_len = plen as u16;
     let _ = h.emit(buf);
     stats.short_frames += 1;
