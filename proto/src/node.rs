@@ -660,6 +660,25 @@ impl Node {
         ]
     }
 
+    /// Whether receiving a frame that begins with `head` ([`Node::handle_rx`] and its
+    /// variants) may write past its torus header: a source-routed frame's header moves over
+    /// its route when it arrives, and an interceptor may rewrite the payload on its way.
+    /// Any other frame has at most its TTL and hop count changed, so a driver that keeps
+    /// the rest of a frame's bytes elsewhere (the simulator, runs of one value) may rely on
+    /// them being as they were. `true` when `head` is too short to tell.
+    pub fn rx_may_write_past_header(head: &[u8]) -> bool {
+        let (Some(fl), Some(route)) = (
+            head.get(wire::offset::FLAGS..wire::offset::FLAGS + 2),
+            head.get(wire::offset::ROUTE_LEN),
+        ) else {
+            return true;
+        };
+        let fl = u16::from_be_bytes([fl[0], fl[1]]);
+        head.len() < HEADERS_LEN
+            || *route != 0
+            || fl & (flags::SOURCE_ROUTED | flags::INTERCEPT) != 0
+    }
+
     /// [`Node::handle_rx`] for a holder of only the first bytes of a frame of `frame_len`
     /// bytes, `head` (at least the headers): the simulator keeps the payloads of frames in
     /// flight out of memory. `Some(action)` is what `handle_rx` decides from the headers

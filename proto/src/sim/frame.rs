@@ -28,6 +28,8 @@ const MIN_RUN: usize = 512;
 pub(super) struct FramePool {
     full: BufferPool,
     small: BufferPool,
+    /// Buffers every byte of which is one value, by value ([`FramePool::run_buf`]).
+    runs: Vec<(u8, Vec<Vec<u8>>)>,
 }
 
 impl Default for FramePool {
@@ -35,6 +37,7 @@ impl Default for FramePool {
         FramePool {
             full: BufferPool::new(POOL_LIMIT),
             small: BufferPool::new(POOL_LIMIT),
+            runs: Vec::new(),
         }
     }
 }
@@ -148,6 +151,53 @@ impl FramePool {
             f.spilled = true;
         }
         f
+    }
+
+    /// A buffer of at least `len` bytes, every one `fill`. Kept that way between uses
+    /// ([`FramePool::give_run`] writes back only what was written over), so that a frame
+    /// whose tail is a run is rebuilt by writing its head over the front of one, and a
+    /// message that is such a run is handed out in one: neither writes its 8 KB (a fresh
+    /// write of every delivered frame and message was a tenth of a run, mostly its
+    /// buffers' cache misses).
+    pub(super) fn run_buf(&mut self, fill: u8, len: usize) -> Vec<u8> {
+        let mut b = self
+            .runs
+            .iter_mut()
+            .find(|(f, _)| *f == fill)
+            .and_then(|(_, bufs)| bufs.pop())
+            .unwrap_or_default();
+        if b.len() < len {
+            b.resize(len, fill);
+        }
+        b
+    }
+
+    /// Takes back a buffer of [`FramePool::run_buf`] whose first `dirty` bytes were
+    /// written over (its other bytes are still `fill`).
+    pub(super) fn give_run(&mut self, mut b: Vec<u8>, fill: u8, dirty: usize) {
+        let dirty = dirty.min(b.len());
+        b[..dirty].fill(fill);
+        let k = match self.runs.iter().position(|(f, _)| *f == fill) {
+            Some(k) => k,
+            None => {
+                self.runs.push((fill, Vec::new()));
+                self.runs.len() - 1
+            }
+        };
+        if self.runs[k].1.len() < POOL_LIMIT {
+            self.runs[k].1.push(b);
+        }
+    }
+
+    /// The bytes of compacted frame `f` in a buffer of [`FramePool::run_buf`] (of at least
+    /// its length: the frame is its first `f.len()` bytes), with how many bytes of it were
+    /// written (its head) and the run's value.
+    pub(super) fn expand_on_run(&mut self, f: SimFrame) -> (Vec<u8>, usize, u8) {
+        let (head, fill) = (f.head().len(), f.fill);
+        let mut b = self.run_buf(fill, f.len());
+        b[..head].copy_from_slice(f.head());
+        self.give_frame(f);
+        (b, head, fill)
     }
 
     /// The whole bytes of `f`, in a buffer of the pool.

@@ -75,8 +75,21 @@ pub(super) struct Crossing {
 }
 
 /// An event an engine produced, with the simulator event it came from (time, id): events
-/// of several parts are handed out merged in that order.
-pub(super) type Emitted = (Time, u32, usize, Event);
+/// of several parts are handed out merged in that order. The last field says a message's
+/// buffer is one of the pool's runs: its value, and how many of its first bytes were
+/// written ([`FramePool::give_run`]).
+pub(super) type Emitted = (Time, u32, usize, Event, Option<(u8, usize)>);
+
+/// An unreliable message received, as the event the engine would have made of it.
+fn message(src: crate::topology::Coord, service: u16, data: Vec<u8>) -> Event {
+    Event::Message {
+        src,
+        service,
+        data,
+        reliable: false,
+        key: None,
+    }
+}
 
 /// A contiguous range of servers and everything they own.
 pub(super) struct Part {
@@ -397,7 +410,7 @@ impl Part {
         let (nodes, pool) = (&mut self.nodes, &mut self.pool);
         while let Some(e) = nodes[li].poll_event_ref() {
             let e = e.into_owned_with(|data| pool.copy_of(data));
-            self.events.push((t, key, self.lo + li, e));
+            self.events.push((t, key, self.lo + li, e, None));
         }
     }
 
@@ -514,6 +527,9 @@ impl Part {
         let judged_by_head = by_head.is_some();
         let (action, frame) = match by_head {
             Some(a) => (a, frame),
+            None if frame.is_compact() && !Node::rx_may_write_past_header(frame.head()) => {
+                self.receive_on_run(t, key, dir, n, frame)
+            }
             None => {
                 let mut whole = self.pool.expand(frame);
                 let (base, whole_len) = (whole.as_ptr() as usize, whole.len());
@@ -535,14 +551,8 @@ impl Part {
                             }
                             None => self.pool.copy_of(data),
                         };
-                        let e = Event::Message {
-                            src,
-                            service,
-                            data,
-                            reliable: false,
-                            key: None,
-                        };
-                        self.events.push((t, key, far, e));
+                        self.events
+                            .push((t, key, far, message(src, service, data), None));
                         RxAction::Consumed
                     }
                     Received::Action(a) => a,
@@ -589,6 +599,55 @@ impl Part {
         if !passed_on {
             self.service(ctx, n);
         }
+    }
+
+    /// Hands compacted frame `frame`, which crossed link `key` in direction `dir`, to
+    /// server `n` whole, rebuilt on a buffer of its run's value: its head is written over
+    /// the front, and a message it carries is handed out in another such buffer, only its
+    /// bytes that lay in the head written. The engine writes nothing past the header of
+    /// such a frame ([`Node::rx_may_write_past_header`]), so both buffers are the run
+    /// again once their written bytes are.
+    fn receive_on_run(
+        &mut self,
+        t: Time,
+        key: u32,
+        dir: Dir,
+        n: usize,
+        frame: SimFrame,
+    ) -> (RxAction, SimFrame) {
+        let len = frame.len();
+        let (mut whole, head, fill) = self.pool.expand_on_run(frame);
+        let base = whole.as_ptr() as usize;
+        let action = match self.nodes[n].handle_rx_lending(t, dir.opposite(), &mut whole[..len]) {
+            Received::Message(Lent { src, service, data }) => {
+                let size = data.len();
+                let at = (data.as_ptr() as usize)
+                    .checked_sub(base)
+                    .filter(|at| at + size <= len);
+                let (data, run) = match at {
+                    Some(at) => {
+                        let written = head.saturating_sub(at).min(size);
+                        let mut m = self.pool.run_buf(fill, size);
+                        m.truncate(size);
+                        m[..written].copy_from_slice(&whole[at..at + written]);
+                        (m, Some((fill, written)))
+                    }
+                    None => (self.pool.copy_of(data), None),
+                };
+                let far = self.lo + n;
+                self.events
+                    .push((t, key, far, message(src, service, data), run));
+                RxAction::Consumed
+            }
+            Received::Action(a) => a,
+        };
+        if let RxAction::Forward(_) = action {
+            // Passed on whole (an interceptor's frame): the buffer leaves the runs.
+            whole.truncate(len);
+            return (action, SimFrame::whole(whole));
+        }
+        self.pool.give_run(whole, fill, head);
+        (action, SimFrame::default())
     }
 
     /// Server `li` fails: what it held in transit is lost with it.
