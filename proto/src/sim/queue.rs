@@ -1,14 +1,18 @@
-//! The simulator's pending events: a calendar queue.
+//! The simulator's pending events: a calendar queue of two levels.
 //!
 //! A binary heap over every link's head frame (25,000 entries at 4096 servers) cost a
 //! dozen cache-missing levels per event and was the simulator's largest cost. Events are
-//! almost all link arrivals due within a few milliseconds, so they are kept in buckets of
-//! `2^SHIFT` ns by due time: only the current bucket's few hundred events are ordered
-//! (sorted once when it becomes current, then taken from the end: cheaper than a heap's
-//! sift per event, as an event rarely joins the current bucket, links' delays being longer
-//! than a bucket); later buckets are plain lists, and events beyond the
-//! buckets' horizon (timers) wait in an overflow heap. Events come out in exactly the
-//! order of one heap over all of them, `(time, id, address)`, so a run is the same.
+//! almost all link arrivals due within a few milliseconds, so they are kept in buckets by
+//! due time: only the current bucket's few hundred events are ordered (sorted once when it
+//! becomes current, then taken from the end: cheaper than a heap's sift per event, as an
+//! event rarely joins the current bucket, links' delays being longer than a bucket).
+//! Buckets are `2^SHIFT` ns wide within the current span of `2^SPAN_SHIFT` ns, and a span
+//! wide beyond it: a frame is due tens of microseconds after it is sent, and pushing it
+//! into one of thousands of narrow buckets missed the cache twice (the bucket's header and
+//! its end, 9% of a run), where the few hundred spans' ends stay cached. A span's events
+//! are spread over its narrow buckets when it becomes current, in one pass. Events beyond
+//! the horizon (timers) wait in an overflow heap. Events come out in exactly the order of
+//! one heap over all of them, `(time, id, address)`, so a run is the same.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -20,11 +24,15 @@ pub(super) type Entry = (Time, u32, u64);
 
 /// Width of a bucket: 2^9 ns.
 const SHIFT: u32 = 9;
+/// Width of a span: 2^14 ns, 32 buckets.
+const SPAN_SHIFT: u32 = 14;
+/// Buckets in a span.
+const PER_SPAN: u64 = 1 << (SPAN_SHIFT - SHIFT);
+/// Spans ahead (a power of two): 16.4 us each, 8.4 ms, beyond a full link queue.
+const SPANS: u64 = 1 << 9;
 /// Bits of an event's place in the current bucket in its sort key (beside the due offset's
 /// `SHIFT` and the id's 32).
 const PLACE_BITS: u32 = 64 - 32 - SHIFT;
-/// Buckets (a power of two): with 512 ns each, 8.4 ms ahead, beyond a full link queue.
-const BUCKETS: u64 = 1 << 14;
 
 /// Pending events in due order.
 pub(super) struct EventQueue {
@@ -32,9 +40,12 @@ pub(super) struct EventQueue {
     cur: Vec<Entry>,
     /// Absolute number of the current bucket (`due >> SHIFT`).
     cb: u64,
-    /// Later buckets within the horizon, by absolute number modulo `BUCKETS`.
+    /// The later buckets of the current span (`cb >> (SPAN_SHIFT - SHIFT)`), by absolute
+    /// number modulo `PER_SPAN`.
     buckets: Vec<Vec<Entry>>,
-    /// Events in `buckets`.
+    /// The later spans within the horizon, by absolute number modulo `SPANS`.
+    spans: Vec<Vec<Entry>>,
+    /// Events in `buckets` and `spans`.
     in_buckets: usize,
     /// Events due beyond the horizon.
     overflow: BinaryHeap<Reverse<Entry>>,
@@ -49,7 +60,8 @@ impl Default for EventQueue {
         EventQueue {
             cur: Vec::new(),
             cb: 0,
-            buckets: (0..BUCKETS).map(|_| Vec::new()).collect(),
+            buckets: (0..PER_SPAN).map(|_| Vec::new()).collect(),
+            spans: (0..SPANS).map(|_| Vec::new()).collect(),
             in_buckets: 0,
             overflow: BinaryHeap::new(),
             keys: Vec::new(),
@@ -59,15 +71,25 @@ impl Default for EventQueue {
 }
 
 impl EventQueue {
+    /// The span of the current bucket.
+    fn span(&self) -> u64 {
+        self.cb >> (SPAN_SHIFT - SHIFT)
+    }
+
     /// Adds an event.
     pub(super) fn push(&mut self, e: Entry) {
         let b = e.0 .0 >> SHIFT;
+        let s = b >> (SPAN_SHIFT - SHIFT);
+        let span = self.span();
         // Due in (or, after a jump ahead, before) the current bucket: ordered now.
         if b <= self.cb {
             let at = self.cur.partition_point(|x| *x > e);
             self.cur.insert(at, e);
-        } else if b < self.cb + BUCKETS {
-            self.buckets[(b % BUCKETS) as usize].push(e);
+        } else if s == span {
+            self.buckets[(b % PER_SPAN) as usize].push(e);
+            self.in_buckets += 1;
+        } else if s < span + SPANS {
+            self.spans[(s % SPANS) as usize].push(e);
             self.in_buckets += 1;
         } else {
             self.overflow.push(Reverse(e));
@@ -101,6 +123,7 @@ impl EventQueue {
     /// bucket (or jumping to the overflow's first) when it ran out.
     fn fill(&mut self) {
         while self.cur.is_empty() {
+            let span = self.span();
             if self.in_buckets == 0 {
                 let Some(Reverse(first)) = self.overflow.peek() else {
                     return;
@@ -109,15 +132,10 @@ impl EventQueue {
             } else {
                 self.cb += 1;
             }
-            while let Some(Reverse(first)) = self.overflow.peek() {
-                if first.0 .0 >> SHIFT >= self.cb + BUCKETS {
-                    break;
-                }
-                if let Some(Reverse(e)) = self.overflow.pop() {
-                    self.push(e);
-                }
+            if self.span() != span {
+                self.enter_span();
             }
-            let bucket = &mut self.buckets[(self.cb % BUCKETS) as usize];
+            let bucket = &mut self.buckets[(self.cb % PER_SPAN) as usize];
             self.in_buckets -= bucket.len();
             // The bucket's storage is swapped in rather than copied (both keep capacity),
             // unless events moved in from the overflow already.
@@ -127,6 +145,28 @@ impl EventQueue {
                 self.cur.append(bucket);
             }
             self.order_current();
+        }
+    }
+
+    /// The current bucket moved into a new span: its events are spread over the span's
+    /// buckets, and events of the overflow now within the horizon move in.
+    fn enter_span(&mut self) {
+        let span = self.span();
+        let mut events = std::mem::take(&mut self.spans[(span % SPANS) as usize]);
+        for e in events.drain(..) {
+            let b = e.0 .0 >> SHIFT;
+            debug_assert!(b >> (SPAN_SHIFT - SHIFT) == span && b >= self.cb);
+            self.buckets[(b % PER_SPAN) as usize].push(e);
+        }
+        // Its storage (kept) is the span's again when it comes round.
+        self.spans[(span % SPANS) as usize] = events;
+        while let Some(Reverse(first)) = self.overflow.peek() {
+            if first.0 .0 >> SPAN_SHIFT >= span + SPANS {
+                break;
+            }
+            if let Some(Reverse(e)) = self.overflow.pop() {
+                self.push(e);
+            }
         }
     }
 
