@@ -427,6 +427,9 @@ pub fn emit_eth(buf: &mut [u8], dst_mac: [u8; 6], src_mac: [u8; 6]) -> Result<()
 #[derive(Debug, Clone, Copy)]
 pub struct FrameView<'a> {
     buf: &'a [u8],
+    /// The headers, as an array: every header field is read at a constant offset into
+    /// it, with no bounds check at run time (these reads are most of a hop's work).
+    head: &'a [u8; HEADERS_LEN],
 }
 
 impl<'a> FrameView<'a> {
@@ -439,13 +442,16 @@ impl<'a> FrameView<'a> {
     /// The checks of [`FrameView::new_checked`] on a frame of `frame_len` bytes of which
     /// `buf` holds the first (at least the headers).
     pub(crate) fn check(buf: &'a [u8], frame_len: usize) -> Result<FrameView<'a>, WireError> {
-        if buf.len() < HEADERS_LEN || frame_len < buf.len() {
-            return Err(WireError::Truncated {
-                have: buf.len(),
-                need: HEADERS_LEN,
-            });
-        }
-        let v = FrameView { buf };
+        let head = match buf.first_chunk::<HEADERS_LEN>() {
+            Some(head) if frame_len >= buf.len() => head,
+            _ => {
+                return Err(WireError::Truncated {
+                    have: buf.len(),
+                    need: HEADERS_LEN,
+                })
+            }
+        };
+        let v = FrameView { buf, head };
         let et = v.ethertype();
         if et != ETHERTYPE_DATA && et != ETHERTYPE_CONTROL {
             return Err(WireError::EtherType(et));
@@ -493,16 +499,16 @@ impl<'a> FrameView<'a> {
     }
 
     fn u16_at(&self, at: usize) -> u16 {
-        u16::from_be_bytes([self.buf[at], self.buf[at + 1]])
+        u16::from_be_bytes([self.head[at], self.head[at + 1]])
     }
     fn u32_at(&self, at: usize) -> u32 {
         let mut b = [0u8; 4];
-        b.copy_from_slice(&self.buf[at..at + 4]);
+        b.copy_from_slice(&self.head[at..at + 4]);
         u32::from_be_bytes(b)
     }
     fn u64_at(&self, at: usize) -> u64 {
         let mut b = [0u8; 8];
-        b.copy_from_slice(&self.buf[at..at + 8]);
+        b.copy_from_slice(&self.head[at..at + 8]);
         u64::from_be_bytes(b)
     }
     fn coord_at(&self, at: usize) -> Coord {
@@ -512,13 +518,13 @@ impl<'a> FrameView<'a> {
     /// Destination MAC address.
     pub fn dst_mac(&self) -> [u8; 6] {
         let mut m = [0u8; 6];
-        m.copy_from_slice(&self.buf[0..6]);
+        m.copy_from_slice(&self.head[0..6]);
         m
     }
     /// Source MAC address.
     pub fn src_mac(&self) -> [u8; 6] {
         let mut m = [0u8; 6];
-        m.copy_from_slice(&self.buf[6..12]);
+        m.copy_from_slice(&self.head[6..12]);
         m
     }
     /// The EtherType.
@@ -527,11 +533,11 @@ impl<'a> FrameView<'a> {
     }
     /// Header version.
     pub fn version(&self) -> u8 {
-        self.buf[offset::VERSION]
+        self.head[offset::VERSION]
     }
     /// Frame kind as a number (checked to be known).
     pub fn kind_raw(&self) -> u8 {
-        self.buf[offset::KIND]
+        self.head[offset::KIND]
     }
     /// Frame kind.
     pub fn kind(&self) -> Kind {
@@ -544,11 +550,11 @@ impl<'a> FrameView<'a> {
     }
     /// Remaining hop budget.
     pub fn ttl(&self) -> u8 {
-        self.buf[offset::TTL]
+        self.head[offset::TTL]
     }
     /// Hops travelled.
     pub fn hops(&self) -> u8 {
-        self.buf[offset::HOPS]
+        self.head[offset::HOPS]
     }
     /// Service id.
     pub fn service(&self) -> u16 {
@@ -604,11 +610,11 @@ impl<'a> FrameView<'a> {
     }
     /// Hops of the source route (0: none).
     pub fn route_len(&self) -> usize {
-        usize::from(self.buf[offset::ROUTE_LEN])
+        usize::from(self.head[offset::ROUTE_LEN])
     }
     /// Index of the source route's next hop.
     pub fn route_next(&self) -> usize {
-        usize::from(self.buf[offset::ROUTE_NEXT])
+        usize::from(self.head[offset::ROUTE_NEXT])
     }
     /// The source route's hops, as direction indices (checked to be 0..=5).
     pub fn route(&self) -> &'a [u8] {
