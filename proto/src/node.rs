@@ -602,7 +602,7 @@ impl Node {
             Ok(h) => h,
             Err(e) => return Received::Action(RxAction::Drop(refusal(e))),
         };
-        let dest = match self.judge(&h) {
+        let dest = match self.judge(h.src, h.dst, h.kind) {
             Ok(d) => d,
             Err(why) => return Received::Action(RxAction::Drop(why)),
         };
@@ -691,16 +691,20 @@ impl Node {
         if head.len() < frame_len && head.len() < HEADERS_LEN + route {
             return None;
         }
-        let h = match Header::parse_head(head, frame_len) {
-            Ok(h) => h,
+        let p = match wire::Passing::parse_head(head, frame_len) {
+            Ok(p) => p,
             Err(e) => return Some(RxAction::Drop(refusal(e))),
         };
-        let dest = match self.judge(&h) {
+        let dest = match self.judge(p.src, p.dst, p.kind) {
             Ok(d) => d,
             Err(why) => return Some(RxAction::Drop(why)),
         };
-        if h.route_len > 0 {
+        if p.route_len > 0 {
             self.source_used = true;
+            // The source router reads the whole header (checked already).
+            let Ok(h) = Header::parse_head(head, frame_len) else {
+                return Some(RxAction::Drop(DropReason::Malformed));
+            };
             // A probe needs its link's figures, and an arriving frame its whole bytes.
             if h.kind == Kind::Probe || usize::from(h.route_next) == usize::from(h.route_len) {
                 return None;
@@ -712,7 +716,7 @@ impl Node {
             return Some(self.routed_on(fate, head));
         }
         let intercepted =
-            h.has(flags::INTERCEPT) && self.interceptors.iter().any(|(s, _)| *s == h.service);
+            p.has(flags::INTERCEPT) && self.interceptors.iter().any(|(s, _)| *s == p.service);
         if dest == self.local || intercepted {
             return None;
         }
@@ -721,17 +725,17 @@ impl Node {
 
     /// Where a received frame goes by its header: the server it is for (this one or one
     /// further on), or why it is dropped.
-    fn judge(&self, h: &Header) -> Result<Coord, DropReason> {
+    fn judge(&self, src: Coord, dst: Dest, kind: Kind) -> Result<Coord, DropReason> {
         // Our own key-routed frame may come back when a key's root moved while it travelled;
         // a server-addressed frame from ourselves is bogus.
-        let from_self = h.src == self.local && matches!(h.dst, Dest::Server(_));
-        if !self.dims.contains(h.src) || from_self {
+        let from_self = src == self.local && matches!(dst, Dest::Server(_));
+        if !self.dims.contains(src) || from_self {
             return Err(DropReason::BadSource);
         }
-        if h.kind == Kind::Control {
+        if kind == Kind::Control {
             return Err(DropReason::Malformed);
         }
-        match h.dst {
+        match dst {
             Dest::Server(d) if self.dims.contains(d) => Ok(d),
             Dest::Server(_) => Err(DropReason::Malformed),
             Dest::Key(k) => self.routes.key_root(k).ok_or(DropReason::Unreachable),
