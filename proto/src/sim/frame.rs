@@ -321,6 +321,16 @@ impl FrameSlab {
         }
     }
 
+    /// The frame in slot `i` (one in use: a slot is named only while it holds a frame).
+    pub(super) fn get(&self, i: u32) -> &SimFrame {
+        &self.slots[i as usize]
+    }
+
+    /// The frame in slot `i`, to be changed in place.
+    pub(super) fn get_mut(&mut self, i: u32) -> &mut SimFrame {
+        &mut self.slots[i as usize]
+    }
+
     /// Starts loading slot `i` into the cache.
     pub(super) fn prefetch(&self, i: u32) {
         if let Some(s) = self.slots.get(i as usize) {

@@ -99,10 +99,12 @@ pub(super) struct Part {
     /// The links leaving its servers, six per server.
     pub(super) links: Vec<Link>,
     /// Frames on links into its servers (from its own servers or, once handed over, from
-    /// other parts').
-    pub(super) on_links: FrameSlab,
+    /// other parts') and frames waiting in its servers' transit queues. A frame passed on
+    /// stays in its slot from link to link: only its slot's number moves (moving the
+    /// 128-byte frame out and back at every hop was a tenth of a hop's instructions).
+    pub(super) frames: FrameSlab,
     /// Pending events `(time, id, to)`: `id` below `nlinks` is a frame arriving over that
-    /// link, `to` its server and `on_links` slot ([`pack`]); above it, a wake-up of server
+    /// link, `to` its server and `frames` slot ([`pack`]); above it, a wake-up of server
     /// `id - nlinks`.
     /// Ties go by id (a link's frames arrive at distinct times), so a run is deterministic.
     pub(super) heap: EventQueue,
@@ -112,8 +114,9 @@ pub(super) struct Part {
     pub(super) pool: FramePool,
     pub(super) stats: SimStats,
     /// Frames in transit waiting for a next hop with room (CamCube queues forwarded
-    /// packets rather than dropping them when a link is busy); bounded per server.
-    pub(super) transit: Vec<VecDeque<(DirSet, SimFrame)>>,
+    /// packets rather than dropping them when a link is busy), by slot in `frames`;
+    /// bounded per server.
+    pub(super) transit: Vec<VecDeque<(DirSet, u32)>>,
     /// Its servers' own control planes, when the simulator runs them; else empty.
     pub(super) control: Vec<ControlNode>,
     /// Its links whose far end is in another part (local indices).
@@ -138,7 +141,7 @@ impl Part {
             lo,
             nodes,
             links,
-            on_links: FrameSlab::default(),
+            frames: FrameSlab::default(),
             heap: EventQueue::default(),
             now: Time::ZERO,
             wake_at: vec![None; n],
@@ -252,8 +255,8 @@ impl Part {
             return false;
         };
         match self.transit[li].remove(k) {
-            Some((_, frame)) => {
-                self.transmit(ctx, li, h, frame);
+            Some((_, slot)) => {
+                self.transmit_slot(ctx, li, h, slot);
                 true
             }
             None => false,
@@ -283,23 +286,32 @@ impl Part {
     /// Puts `frame` on link `dir` of `li`: behind what the link is still sending, then a
     /// propagation delay to the far end.
     pub(super) fn transmit(&mut self, ctx: &Ctx, li: usize, dir: Dir, frame: SimFrame) {
+        let slot = self.frames.insert(frame);
+        self.transmit_slot(ctx, li, dir, slot);
+    }
+
+    /// [`Part::transmit`] for the frame in `slot` of `frames`.
+    fn transmit_slot(&mut self, ctx: &Ctx, li: usize, dir: Dir, slot: u32) {
         let local = li * 6 + usize::from(dir.index());
         let id = (self.lo * 6 + local) as u32;
         let j = self.links[local].far as usize;
         let same_part = self.owns(j);
+        let (len, control) = {
+            let f = self.frames.get(slot);
+            (f.len() as u64, is_control(f.head()))
+        };
         let l = &mut self.links[local];
         let start = l.busy_until.max(self.now);
-        let tx = ((frame.len() as u64 + 24) * 8 * 1_000_000_000) / ctx.cfg.rate_bps.max(1);
+        let tx = ((len + 24) * 8 * 1_000_000_000) / ctx.cfg.rate_bps.max(1);
         l.busy_until = Time(start.0 + tx);
-        l.tx_bytes += frame.len() as u64 + 24;
+        l.tx_bytes += len + 24;
         let arrive = Time(start.0 + tx) + ctx.cfg.delay;
         self.stats.frames_sent += 1;
-        let control = is_control(frame.head());
         self.stats.control_frames += u64::from(control);
         if !ctx.up[j] || !l.live {
             // A hello into a dead server is how its death is noticed, not a loss of data.
             self.stats.lost_on_failure += u64::from(!control);
-            self.pool.give_frame(frame);
+            self.drop_slot(slot);
             return;
         }
         if !same_part {
@@ -308,17 +320,23 @@ impl Part {
                 link: id,
                 far: j as u32,
                 arrive,
-                frame,
+                frame: self.frames.take(slot),
             });
             return;
         }
-        self.accept(id, j as u32, arrive, frame);
+        self.heap.push((arrive, id, pack(j as u32, slot)));
+    }
+
+    /// Frees `slot` of `frames`, its frame's buffer back to the pool.
+    fn drop_slot(&mut self, slot: u32) {
+        let f = self.frames.take(slot);
+        self.pool.give_frame(f);
     }
 
     /// Puts a frame on its way over link `link` (global id) into `far`, one of this part's
     /// servers, to arrive at `arrive`: sent by one of its own servers, or by another part's.
     pub(super) fn accept(&mut self, link: u32, far: u32, arrive: Time, frame: SimFrame) {
-        let slot = self.on_links.insert(frame);
+        let slot = self.frames.insert(frame);
         self.heap.push((arrive, link, pack(far, slot)));
     }
 
@@ -435,9 +453,8 @@ impl Part {
                 continue;
             }
             let (far, slot) = unpack(to);
-            let frame = self.on_links.take(slot);
             self.touch_next(ctx);
-            self.arrive(ctx, t, gid, far as usize, frame);
+            self.arrive(ctx, t, gid, far as usize, slot);
         }
         self.now = self.now.max(end);
     }
@@ -466,7 +483,7 @@ impl Part {
             return;
         }
         let (far, slot) = unpack(to);
-        self.on_links.prefetch(slot);
+        self.frames.prefetch(slot);
         if !all {
             return;
         }
@@ -489,22 +506,25 @@ impl Part {
         }
     }
 
-    /// Hands a frame that crossed link `gid` to the server at its far end (one of ours).
-    fn arrive(&mut self, ctx: &Ctx, t: Time, gid: usize, far: usize, frame: SimFrame) {
-        let Some(dir) = Dir::from_index((gid % 6) as u8) else {
+    /// Hands the frame in `slot`, which crossed link `gid`, to the server at its far end
+    /// (one of ours).
+    fn arrive(&mut self, ctx: &Ctx, t: Time, gid: usize, far: usize, slot: u32) {
+        let (Some(dir), Some(n)) = (
+            Dir::from_index((gid % 6) as u8),
+            far.checked_sub(self.lo).filter(|n| *n < self.nodes.len()),
+        ) else {
+            self.drop_slot(slot);
             return;
         };
         let key = gid as u32;
-        let Some(n) = far.checked_sub(self.lo).filter(|n| *n < self.nodes.len()) else {
-            return;
-        };
         if !ctx.up[far] {
-            self.stats.lost_on_failure += u64::from(!is_control(frame.head()));
-            self.pool.give_frame(frame);
+            self.stats.lost_on_failure += u64::from(!is_control(self.frames.get(slot).head()));
+            self.drop_slot(slot);
             return;
         }
         if !self.control.is_empty() {
-            if is_control(frame.head()) {
+            if is_control(self.frames.get(slot).head()) {
+                let frame = self.frames.take(slot);
                 self.control[n].handle_frame(t, dir.opposite(), frame.head());
                 self.pool.give_frame(frame);
                 self.service(ctx, n);
@@ -515,60 +535,48 @@ impl Part {
                 self.run_control(ctx, n);
             }
         }
-        // A frame held as its head is judged on it when the engine can (passing through);
-        // otherwise it is rebuilt and handed over whole.
-        let mut frame = frame;
-        let len = frame.len();
-        let by_head = if frame.is_compact() {
-            self.nodes[n].handle_rx_head(frame.head_mut(), len)
-        } else {
-            None
-        };
-        let judged_by_head = by_head.is_some();
-        let (action, frame) = match by_head {
-            Some(a) => (a, frame),
-            None if frame.is_compact() && !Node::rx_may_write_past_header(frame.head()) => {
-                self.receive_on_run(t, key, dir, n, frame)
+        // A frame held as its head is judged on it, where it lies, when the engine can
+        // (passing through); otherwise it is rebuilt and handed over whole.
+        let by_head = {
+            let frame = self.frames.get_mut(slot);
+            let len = frame.len();
+            if frame.is_compact() {
+                self.nodes[n].handle_rx_head(frame.head_mut(), len)
+            } else {
+                None
             }
+        };
+        let passed_on = match by_head {
+            // An engine that judged a frame by its headers produced no event (it only
+            // passes frames on or drops them); looking would cost two memory misses a hop.
+            Some(action) => self.act(ctx, n, dir, action, slot),
             None => {
-                let mut whole = self.pool.expand(frame);
-                let (base, whole_len) = (whole.as_ptr() as usize, whole.len());
-                let a = match self.nodes[n].handle_rx_lending(t, dir.opposite(), &mut whole) {
-                    Received::Message(Lent { src, service, data }) => {
-                        // The message becomes the event in the frame's own buffer, moved
-                        // to its front while the buffer is still in the cache (a copy into
-                        // another buffer, long cold, cost about 6% of the run).
-                        let len = data.len();
-                        let at = (data.as_ptr() as usize)
-                            .checked_sub(base)
-                            .filter(|at| at + len <= whole_len);
-                        let data = match at {
-                            Some(at) => {
-                                whole.copy_within(at..at + len, 0);
-                                whole.truncate(len);
-                                // The frame, its buffer gone with the event, is nothing now.
-                                std::mem::take(&mut whole)
-                            }
-                            None => self.pool.copy_of(data),
-                        };
-                        self.events
-                            .push((t, key, far, message(src, service, data), None));
-                        RxAction::Consumed
-                    }
-                    Received::Action(a) => a,
-                };
-                (a, SimFrame::whole(whole))
+                let frame = self.frames.take(slot);
+                let (action, frame) = self.receive(t, key, dir, n, frame);
+                let slot = self.frames.insert(frame);
+                let passed_on = self.act(ctx, n, dir, action, slot);
+                self.collect(t, key, n);
+                passed_on
             }
         };
-        let mut passed_on = false;
+        // A frame passed straight on changes nothing the server's own traffic or timers
+        // depend on; servicing the server for it would only cost time.
+        if !passed_on {
+            self.service(ctx, n);
+        }
+    }
+
+    /// Does what server `n`'s engine decided for the frame in `slot`, which came in over
+    /// `dir`; whether the frame went straight onto a link.
+    fn act(&mut self, ctx: &Ctx, n: usize, dir: Dir, action: RxAction, slot: u32) -> bool {
         match action {
-            RxAction::Consumed => self.pool.give_frame(frame),
+            RxAction::Consumed => self.drop_slot(slot),
             RxAction::Drop(why) => {
                 self.stats.dropped_engine += 1;
                 if let Some(k) = DropReason::ALL.iter().position(|r| *r == why) {
                     self.stats.dropped_by[k] += 1;
                 }
-                self.pool.give_frame(frame);
+                self.drop_slot(slot);
             }
             RxAction::Forward(hops) => {
                 let room = self.room(ctx, n, true);
@@ -576,29 +584,63 @@ impl Part {
                     Some(h) if self.transit[n].is_empty() => {
                         self.stats.bounced += u64::from(h == dir.opposite());
                         self.stats.forwarded += 1;
-                        self.transmit(ctx, n, h, frame);
-                        passed_on = true;
+                        self.transmit_slot(ctx, n, h, slot);
+                        return true;
                     }
                     _ if self.transit[n].len() < TRANSIT_LIMIT => {
-                        self.transit[n].push_back((hops, frame));
+                        self.transit[n].push_back((hops, slot));
                     }
                     _ => {
                         self.stats.dropped_no_room += 1;
-                        self.pool.give_frame(frame);
+                        self.drop_slot(slot);
                     }
                 }
             }
         }
-        // An engine that judged a frame by its headers produced no event (it only passes
-        // frames on or drops them); looking would cost two memory misses per hop.
-        if !judged_by_head {
-            self.collect(t, key, n);
+        false
+    }
+
+    /// Server `n`'s engine receives `frame` whole (it is for this server, or an
+    /// interceptor reads it): what it decided, and the frame as it is now.
+    fn receive(
+        &mut self,
+        t: Time,
+        key: u32,
+        dir: Dir,
+        n: usize,
+        frame: SimFrame,
+    ) -> (RxAction, SimFrame) {
+        if frame.is_compact() && !Node::rx_may_write_past_header(frame.head()) {
+            return self.receive_on_run(t, key, dir, n, frame);
         }
-        // A frame passed straight on changes nothing the server's own traffic or timers
-        // depend on; servicing the server for it would only cost time.
-        if !passed_on {
-            self.service(ctx, n);
-        }
+        let far = self.lo + n;
+        let mut whole = self.pool.expand(frame);
+        let (base, whole_len) = (whole.as_ptr() as usize, whole.len());
+        let a = match self.nodes[n].handle_rx_lending(t, dir.opposite(), &mut whole) {
+            Received::Message(Lent { src, service, data }) => {
+                // The message becomes the event in the frame's own buffer, moved
+                // to its front while the buffer is still in the cache (a copy into
+                // another buffer, long cold, cost about 6% of the run).
+                let len = data.len();
+                let at = (data.as_ptr() as usize)
+                    .checked_sub(base)
+                    .filter(|at| at + len <= whole_len);
+                let data = match at {
+                    Some(at) => {
+                        whole.copy_within(at..at + len, 0);
+                        whole.truncate(len);
+                        // The frame, its buffer gone with the event, is nothing now.
+                        std::mem::take(&mut whole)
+                    }
+                    None => self.pool.copy_of(data),
+                };
+                self.events
+                    .push((t, key, far, message(src, service, data), None));
+                RxAction::Consumed
+            }
+            Received::Action(a) => a,
+        };
+        (a, SimFrame::whole(whole))
     }
 
     /// Hands compacted frame `frame`, which crossed link `key` in direction `dir`, to
@@ -654,8 +696,8 @@ impl Part {
     pub(super) fn crash(&mut self, li: usize) {
         self.stats.lost_with_sender += self.nodes[li].queued_key_messages() as u64;
         self.stats.lost_on_failure += self.transit[li].len() as u64;
-        for (_, f) in std::mem::take(&mut self.transit[li]) {
-            self.pool.give_frame(f);
+        for (_, slot) in std::mem::take(&mut self.transit[li]) {
+            self.drop_slot(slot);
         }
     }
 }
