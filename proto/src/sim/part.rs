@@ -225,6 +225,29 @@ impl Part {
         with_room.min_by_key(|h| self.links[li * 6 + usize::from(h.index())].busy_until)
     }
 
+    /// [`Part::least_loaded`] of `hops` among the links of `li` with room for a frame in
+    /// transit, looking at those links only (the room of all six, then the choice, was a
+    /// tenth of a hop).
+    fn hop_for_transit(&self, ctx: &Ctx, li: usize, hops: DirSet) -> Option<Dir> {
+        let limit = self.now.0 + ctx.frame_ns * Self::limit(ctx, true);
+        let links = ctx.cfg.dims.link_dirs();
+        let mut best: Option<(Time, Dir)> = None;
+        for h in hops.iter().filter(|h| links.contains(*h)) {
+            let busy = self.links[li * 6 + usize::from(h.index())].busy_until;
+            if busy.0 > limit {
+                continue;
+            }
+            if !ctx.cfg.spread_by_load {
+                return Some(h);
+            }
+            // The first of equals, as `least_loaded` takes.
+            if best.is_none_or(|(b, _)| busy < b) {
+                best = Some((busy, h));
+            }
+        }
+        best.map(|(_, h)| h)
+    }
+
     /// When a full link of `li` has drained half of what `transit` or own frames may fill,
     /// the earliest. Waking for every single free slot would cost an event per frame sent;
     /// refilling in batches, as a NIC's transmit ring is, still never lets the link idle.
@@ -578,24 +601,21 @@ impl Part {
                 }
                 self.drop_slot(slot);
             }
-            RxAction::Forward(hops) => {
-                let room = self.room(ctx, n, true);
-                match self.least_loaded(ctx, n, hops, room) {
-                    Some(h) if self.transit[n].is_empty() => {
-                        self.stats.bounced += u64::from(h == dir.opposite());
-                        self.stats.forwarded += 1;
-                        self.transmit_slot(ctx, n, h, slot);
-                        return true;
-                    }
-                    _ if self.transit[n].len() < TRANSIT_LIMIT => {
-                        self.transit[n].push_back((hops, slot));
-                    }
-                    _ => {
-                        self.stats.dropped_no_room += 1;
-                        self.drop_slot(slot);
-                    }
+            RxAction::Forward(hops) => match self.hop_for_transit(ctx, n, hops) {
+                Some(h) if self.transit[n].is_empty() => {
+                    self.stats.bounced += u64::from(h == dir.opposite());
+                    self.stats.forwarded += 1;
+                    self.transmit_slot(ctx, n, h, slot);
+                    return true;
                 }
-            }
+                _ if self.transit[n].len() < TRANSIT_LIMIT => {
+                    self.transit[n].push_back((hops, slot));
+                }
+                _ => {
+                    self.stats.dropped_no_room += 1;
+                    self.drop_slot(slot);
+                }
+            },
         }
         false
     }
