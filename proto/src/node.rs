@@ -725,6 +725,7 @@ impl Node {
 
     /// Where a received frame goes by its header: the server it is for (this one or one
     /// further on), or why it is dropped.
+    #[inline]
     fn judge(&self, src: Coord, dst: Dest, kind: Kind) -> Result<Coord, DropReason> {
         // Our own key-routed frame may come back when a key's root moved while it travelled;
         // a server-addressed frame from ourselves is bogus.
@@ -758,6 +759,7 @@ impl Node {
     }
 
     /// Passes a frame for `dest` on: its next hops, TTL and hop count updated in `frame`.
+    #[inline]
     fn pass_on(&mut self, dest: Coord, frame: &mut [u8]) -> RxAction {
         let hops = self.routes.next_hops(dest);
         if hops.is_empty() {

@@ -438,6 +438,7 @@ pub struct Passing {
 impl Passing {
     /// [`Header::parse_head`]'s checks and fields a forwarder needs, from the first bytes
     /// `head` (at least the headers) of a frame of `frame_len` bytes.
+    #[inline]
     pub fn parse_head(head: &[u8], frame_len: usize) -> Result<Passing, WireError> {
         let v = FrameView::check(head, frame_len)?;
         Ok(Passing {
@@ -475,6 +476,7 @@ impl<'a> FrameView<'a> {
 
     /// The checks of [`FrameView::new_checked`] on a frame of `frame_len` bytes of which
     /// `buf` holds the first (at least the headers).
+    #[inline]
     pub(crate) fn check(buf: &'a [u8], frame_len: usize) -> Result<FrameView<'a>, WireError> {
         let head = match buf.first_chunk::<HEADERS_LEN>() {
             Some(head) if frame_len >= buf.len() => head,
@@ -509,6 +511,7 @@ impl<'a> FrameView<'a> {
 
     /// The source route's fields agree with the flag, the route fits the frame's first
     /// bytes (`buf`: a forwarder must read it) and names only directions.
+    #[inline]
     fn check_route(&self) -> Result<(), WireError> {
         let (len, next) = (self.route_len(), self.route_next());
         if self.flags() & flags::SOURCE_ROUTED == 0 {
@@ -599,6 +602,7 @@ impl<'a> FrameView<'a> {
         self.coord_at(offset::SRC)
     }
     /// Destination, read per the `KEY_ROUTED` flag, with a server's padding checked.
+    #[inline]
     fn checked_dst(&self) -> Result<Dest, WireError> {
         if self.flags() & flags::KEY_ROUTED != 0 {
             return Ok(Dest::Key(self.u64_at(offset::DST)));
@@ -677,6 +681,7 @@ impl<'a> FrameView<'a> {
 
 /// Decrements the TTL and increments the hop count of a frame in place, as a forwarding
 /// hop does; `false` (and nothing changed) when the TTL is already spent.
+#[inline]
 pub fn forward_hop(buf: &mut [u8]) -> bool {
     if buf.len() < HEADERS_LEN || buf[offset::TTL] == 0 {
         return false;

@@ -360,6 +360,7 @@ impl RouteTable {
 
     /// Distance and next hops in a full torus: along each axis, the shorter way round (both
     /// ways when they tie, as on an even ring at half the way).
+    #[inline]
     fn full_route(&self, dst: Coord) -> (u32, DirSet) {
         let mut dist = 0;
         let mut hops = DirSet::EMPTY;

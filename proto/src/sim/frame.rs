@@ -297,6 +297,7 @@ pub(super) struct FrameSlab {
 
 impl FrameSlab {
     /// Puts `f` in a free slot; its number.
+    #[inline]
     pub(super) fn insert(&mut self, f: SimFrame) -> u32 {
         match self.free.pop() {
             Some(i) => {
@@ -311,6 +312,7 @@ impl FrameSlab {
     }
 
     /// Takes the frame out of slot `i`, freeing it (an empty frame for a slot not in use).
+    #[inline]
     pub(super) fn take(&mut self, i: u32) -> SimFrame {
         match self.slots.get_mut(i as usize) {
             Some(s) => {

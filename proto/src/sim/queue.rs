@@ -77,6 +77,7 @@ impl EventQueue {
     }
 
     /// Adds an event.
+    #[inline]
     pub(super) fn push(&mut self, e: Entry) {
         let b = e.0 .0 >> SHIFT;
         let s = b >> (SPAN_SHIFT - SHIFT);
