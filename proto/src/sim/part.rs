@@ -325,9 +325,10 @@ impl Part {
         };
         let l = &mut self.links[local];
         let start = l.busy_until.max(self.now);
-        let tx = ((len + 24) * 8 * 1_000_000_000) / ctx.cfg.rate_bps.max(1);
+        let wire = super::wire_bytes(len);
+        let tx = (wire * 8 * 1_000_000_000) / ctx.cfg.rate_bps.max(1);
         l.busy_until = Time(start.0 + tx);
-        l.tx_bytes += len + 24;
+        l.tx_bytes += wire;
         let arrive = Time(start.0 + tx) + ctx.cfg.delay;
         self.stats.frames_sent += 1;
         self.stats.control_frames += u64::from(control);

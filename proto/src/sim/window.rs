@@ -18,9 +18,9 @@ use super::SimConfig;
 use crate::time::Time;
 
 /// The lookahead of `cfg`'s links, ns: no frame arrives sooner after it is sent (a frame is
-/// at least its 24 bytes of preamble, gap and checksum long on the wire).
+/// at least Ethernet's shortest on the wire, [`super::wire_bytes`]).
 pub(super) fn lookahead(cfg: &SimConfig) -> u64 {
-    let min_tx = (24 * 8 * 1_000_000_000) / cfg.rate_bps.max(1);
+    let min_tx = (super::wire_bytes(0) * 8 * 1_000_000_000) / cfg.rate_bps.max(1);
     cfg.delay.as_nanos() as u64 + min_tx
 }
 
