@@ -556,7 +556,6 @@ impl Sim {
     }
 }
 
-/// Whether `frame` is a control-plane frame (its EtherType).
 /// Bytes a frame of `len` bytes (from its destination MAC, without checksum) occupies on
 /// the wire: Ethernet pads it to 60, and adds a 4-byte checksum, an 8-byte preamble and a
 /// 12-byte gap. The padding also makes the shortest frame's time the parallel runs'
@@ -565,6 +564,7 @@ fn wire_bytes(len: u64) -> u64 {
     len.max(60) + 24
 }
 
+/// Whether `frame` is a control-plane frame (its EtherType).
 fn is_control(frame: &[u8]) -> bool {
     frame.get(12..14) == Some(&crate::wire::ETHERTYPE_CONTROL.to_be_bytes()[..])
 }
