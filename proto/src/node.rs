@@ -660,6 +660,21 @@ impl Node {
         ]
     }
 
+    /// Where the state a send and the frame it makes read lives ([`Node::rx_head_lines`]
+    /// for the send path): a simulator sending from thousands of engines in turn loads
+    /// them a few sends ahead. Addresses only, never read.
+    pub fn send_lines(&self) -> [*const u8; 6] {
+        let t = self.transport.send_lines();
+        [
+            std::ptr::from_ref(&self.local).cast(),
+            std::ptr::from_ref(&self.routes).cast(),
+            t[0],
+            t[1],
+            t[2],
+            t[3],
+        ]
+    }
+
     /// Whether receiving a frame that begins with `head` ([`Node::handle_rx`] and its
     /// variants) may write past its torus header: a source-routed frame's header moves over
     /// its route when it arrives, and an interceptor may rewrite the payload on its way.

@@ -359,7 +359,13 @@ impl Sim {
             let mut events = Vec::new();
             let results = mine[p]
                 .iter()
-                .map(|&(k, li, target)| {
+                .enumerate()
+                .map(|(at, &(k, li, target))| {
+                    // The sources' engines are long out of the cache: their lines are
+                    // loaded two sends ahead.
+                    if let Some(&(_, ahead, _)) = mine[p].get(at + 2) {
+                        part.prefetch_sender(ahead);
+                    }
                     let r = part.send(&ctx, li, target, service, data, opts, run);
                     part.take_events(&ctx, li, &mut events);
                     (k, r)

@@ -501,6 +501,22 @@ impl Part {
         }
     }
 
+    /// Starts loading what a send from server `li` reads: its engine's send lines and
+    /// its links.
+    pub(super) fn prefetch_sender(&self, li: usize) {
+        if let Some(node) = self.nodes.get(li) {
+            for p in node.send_lines() {
+                super::prefetch(p);
+            }
+        }
+        if let Some(l) = self.links.get(li * 6..li * 6 + 6) {
+            let p: *const u8 = l.as_ptr().cast();
+            super::prefetch(p);
+            super::prefetch(p.wrapping_add(64));
+            super::prefetch(p.wrapping_add(128));
+        }
+    }
+
     /// Prefetches the frame of event `e` and, `all`, its server's lines.
     fn touch(&self, ctx: &Ctx, (_, id, to): super::queue::Entry, all: bool) {
         if (id as usize) >= ctx.nlinks {

@@ -249,6 +249,11 @@ impl FairQueue {
         self.queues[i].limit = limit;
     }
 
+    /// Where the queue used last lives (a hint for prefetching; never read through).
+    pub(crate) fn first_queue(&self) -> *const u8 {
+        self.queues.as_ptr().wrapping_add(self.last).cast()
+    }
+
     fn slot(&mut self, service: u16) -> usize {
         if self
             .queues

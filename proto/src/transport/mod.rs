@@ -825,6 +825,16 @@ impl Transport {
         self.send_hinted(now, m, None)
     }
 
+    /// Where the state a send reads lives: see [`crate::node::Node::send_lines`].
+    pub(crate) fn send_lines(&self) -> [*const u8; 4] {
+        [
+            std::ptr::from_ref(&self.cfg).cast(),
+            std::ptr::from_ref(&self.queues).cast(),
+            std::ptr::from_ref(&self.stats).cast(),
+            self.queues.first_queue(),
+        ]
+    }
+
     /// [`Transport::send`], with `run` the value every byte of the message has if the
     /// caller looked (once for many sends of the same bytes, as the simulator does): a
     /// compacting queue then does not look again.
