@@ -508,6 +508,9 @@ pub struct Dataplane {
     shared: Arc<Shared>,
     pollers: Vec<JoinHandle<Result<(), String>>>,
     gateway: Option<crate::kvgw::Gateway>,
+    /// The application socket's thread: joined on stop, so that its socket file is gone
+    /// when the dataplane is (a process exiting right after left it behind).
+    apps: Option<JoinHandle<()>>,
 }
 
 /// A registered service: send messages, receive its events.
@@ -1066,12 +1069,14 @@ impl Dataplane {
             // Source routing then learns of dead links from the view alone.
             tracing::warn!("cannot watch link carriers (netlink): {e}");
         }
+        let mut apps = None;
         if let Some(a) = &cfg.apps {
-            crate::apps::listener::start(a.clone(), shared.clone()).map_err(|e| {
+            let h = crate::apps::listener::start(a.clone(), shared.clone()).map_err(|e| {
                 shared.shutdown.store(true, Ordering::Release);
                 shared.wake_all();
                 StartError::Link(format!("application socket {}: {e}", a.socket.display()))
             })?;
+            apps = Some(h);
         }
         let mut gateway = None;
         if let (Some(k), Some(counters)) = (&cfg.kv, &shared.kv) {
@@ -1090,6 +1095,7 @@ impl Dataplane {
             shared,
             pollers,
             gateway,
+            apps,
         })
     }
 
@@ -1230,6 +1236,12 @@ impl Dataplane {
                 .and_then(|r| r);
             if result.is_ok() {
                 result = r;
+            }
+        }
+        // It looks at the shutdown flag at least every quarter second.
+        if let Some(h) = self.apps.take() {
+            if h.join().is_err() && result.is_ok() {
+                result = Err("the application socket's thread panicked".to_string());
             }
         }
         result

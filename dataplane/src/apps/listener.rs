@@ -25,8 +25,9 @@ use torusnet_services::names::{NamesRequest, MAX_NAME, NAMES};
 use super::{AppInfo, AppsConfig, NewApp};
 use crate::runtime::{Command, Shared};
 
-/// Binds the application socket and serves it from a thread until torusd stops.
-pub fn start(cfg: AppsConfig, shared: Arc<Shared>) -> std::io::Result<()> {
+/// Binds the application socket and serves it from a thread until torusd stops; the
+/// thread, which removes the socket file as it ends.
+pub fn start(cfg: AppsConfig, shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHandle<()>> {
     if let Some(dir) = cfg.socket.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -59,8 +60,7 @@ pub fn start(cfg: AppsConfig, shared: Arc<Shared>) -> std::io::Result<()> {
                 }
             }
             let _ = std::fs::remove_file(&cfg.socket);
-        })?;
-    Ok(())
+        })
 }
 
 /// The id of group `name`, if it exists.
