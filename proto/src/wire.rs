@@ -308,17 +308,16 @@ impl Header {
 
     /// Parses a checked view.
     pub fn parse(v: &FrameView<'_>) -> Result<Header, WireError> {
-        let kind = Kind::from_u8(v.kind_raw())?;
-        let flags = v.flags();
-        let dst = v.checked_dst()?;
+        // Its judging fields and their checks are a passing frame's, read the same way.
+        let p = Passing::read(v)?;
         Ok(Header {
-            kind,
-            flags,
+            kind: p.kind,
+            flags: p.flags,
             ttl: v.ttl(),
             hops: v.hops(),
-            service: v.service(),
-            src: v.src(),
-            dst,
+            service: p.service,
+            src: p.src,
+            dst: p.dst,
             conn: v.conn(),
             peer_conn: v.peer_conn(),
             seq: v.seq(),
@@ -328,7 +327,7 @@ impl Header {
             fence: v.fence(),
             sack: v.sack(),
             payload_len: v.payload_len() as u16,
-            route_len: v.route_len() as u8,
+            route_len: p.route_len,
             route_next: v.route_next() as u8,
             rwnd: v.u16_at(offset::RWND),
         })
@@ -440,7 +439,12 @@ impl Passing {
     /// `head` (at least the headers) of a frame of `frame_len` bytes.
     #[inline]
     pub fn parse_head(head: &[u8], frame_len: usize) -> Result<Passing, WireError> {
-        let v = FrameView::check(head, frame_len)?;
+        Passing::read(&FrameView::check(head, frame_len)?)
+    }
+
+    /// The fields of a checked view ([`Header::parse`] reads them the same way).
+    #[inline]
+    fn read(v: &FrameView<'_>) -> Result<Passing, WireError> {
         Ok(Passing {
             kind: Kind::from_u8(v.kind_raw())?,
             flags: v.flags(),

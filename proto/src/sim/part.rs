@@ -80,6 +80,14 @@ pub(super) struct Crossing {
 /// written ([`FramePool::give_run`]).
 pub(super) type Emitted = (Time, u32, usize, Event, Option<(u8, usize)>);
 
+/// Where `data` starts in the buffer of `len` bytes at address `base`, if it lies in it
+/// (a message the engine lent from the frame it was handed).
+fn offset_in(base: usize, len: usize, data: &[u8]) -> Option<usize> {
+    (data.as_ptr() as usize)
+        .checked_sub(base)
+        .filter(|at| at + data.len() <= len)
+}
+
 /// An unreliable message received, as the event the engine would have made of it.
 fn message(src: crate::topology::Coord, service: u16, data: Vec<u8>) -> Event {
     Event::Message {
@@ -659,9 +667,7 @@ impl Part {
                 // to its front while the buffer is still in the cache (a copy into
                 // another buffer, long cold, cost about 6% of the run).
                 let len = data.len();
-                let at = (data.as_ptr() as usize)
-                    .checked_sub(base)
-                    .filter(|at| at + len <= whole_len);
+                let at = offset_in(base, whole_len, data);
                 let data = match at {
                     Some(at) => {
                         whole.copy_within(at..at + len, 0);
@@ -700,9 +706,7 @@ impl Part {
         let action = match self.nodes[n].handle_rx_lending(t, dir.opposite(), &mut whole[..len]) {
             Received::Message(Lent { src, service, data }) => {
                 let size = data.len();
-                let at = (data.as_ptr() as usize)
-                    .checked_sub(base)
-                    .filter(|at| at + size <= len);
+                let at = offset_in(base, len, data);
                 let (data, run) = match at {
                     Some(at) => {
                         let written = head.saturating_sub(at).min(size);

@@ -203,19 +203,10 @@ impl EventQueue {
                 .map(|k| cur[(k & ((1 << PLACE_BITS) - 1)) as usize]),
         );
         std::mem::swap(&mut self.cur, &mut self.spare);
-        let same = |a: &Entry, b: &Entry| a.0 == b.0 && a.1 == b.1;
-        let mut i = 0;
-        while i + 1 < n {
-            if !same(&self.cur[i], &self.cur[i + 1]) {
-                i += 1;
-                continue;
+        for same in self.cur.chunk_by_mut(|a, b| a.0 == b.0 && a.1 == b.1) {
+            if same.len() > 1 {
+                same.sort_unstable_by_key(|e| std::cmp::Reverse(e.2));
             }
-            let mut j = i + 2;
-            while j < n && same(&self.cur[i], &self.cur[j]) {
-                j += 1;
-            }
-            self.cur[i..j].sort_unstable_by_key(|e| std::cmp::Reverse(e.2));
-            i = j;
         }
     }
 }
