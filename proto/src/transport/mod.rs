@@ -529,6 +529,9 @@ impl Release for Deliver<'_> {
     }
 }
 
+/// Connection deadlines, earliest first (see [`Transport::note`]).
+type Deadlines = std::collections::BinaryHeap<std::cmp::Reverse<(Time, Coord)>>;
+
 /// The reliable transport of one server.
 #[derive(Debug)]
 pub struct Transport {
@@ -553,7 +556,7 @@ pub struct Transport {
     /// Connection deadlines, earliest first; an entry may be stale (the connection's timer
     /// moved since), which only costs a look when it comes up. Scanning every connection
     /// for every timer query cost O(peers) per frame with hundreds of peers.
-    deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(Time, Coord)>>,
+    deadlines: Deadlines,
     /// Buffers for the copies of sent frames, shared by all connections.
     pool: pool::BufferPool,
     /// Scratch list of peers whose timers are due (kept to avoid an allocation per call).
@@ -908,36 +911,7 @@ impl Transport {
     }
 
     fn new_conn(&mut self, peer: Coord) -> Box<Connection> {
-        let cid = loop {
-            let v = self.rng.next_u64() as u32;
-            if v != 0 {
-                break v;
-            }
-        };
-        let cfg = ConnConfig {
-            send: SendConfig {
-                window: self.cfg.window,
-                min_rto: self.cfg.min_rto,
-                max_rto: self.cfg.max_rto,
-                initial_rto: self.cfg.initial_rto,
-            },
-            recv: RecvConfig {
-                window: self.cfg.window,
-                // At most a quarter window between ACKs, so the sender never stalls on a
-                // full window waiting for the delayed-ACK timer.
-                ack_every: self.cfg.ack_every.min((self.cfg.window / 4).max(1)),
-                ack_delay: self.cfg.ack_delay,
-                nack_threshold: self.cfg.nack_threshold,
-                nack_retry: self.cfg.nack_retry,
-                nack_retry_min: self.cfg.nack_retry_min,
-            },
-            life: LifecycleConfig {
-                broken_after: self.cfg.broken_after,
-                sync_retry: self.cfg.sync_retry,
-            },
-            max_message: self.cfg.max_message,
-        };
-        Box::new(Connection::new(peer, cid, cfg))
+        make_conn(&mut self.rng, &self.cfg, peer)
     }
 
     /// The next event for the application.
@@ -1066,25 +1040,29 @@ impl Transport {
         {
             return self.handle_announce(&h, &view).map(|()| None);
         }
-        if !self.conns.contains_key(&h.src) {
-            if self.conns.len() >= self.cfg.max_peers {
-                return Err(RecvError::TooManyPeers);
+        // One lookup of the connection per frame: it is held to the end.
+        let peers = self.conns.len();
+        let conn = match self.conns.entry(h.src) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                if peers >= self.cfg.max_peers {
+                    return Err(RecvError::TooManyPeers);
+                }
+                v.insert(make_conn(&mut self.rng, &self.cfg, h.src))
             }
-            let c = self.new_conn(h.src);
-            self.conns.insert(h.src, c);
-        }
+        };
         if h.kind == Kind::Sync {
             return self.handle_sync(now, &h, &view).map(|()| None);
         }
-        let Some(conn) = self.conns.get_mut(&h.src) else {
-            return Err(RecvError::TooManyPeers);
-        };
         if !conn.life.accepts(h.conn, h.peer_conn) {
             // Sent to, or by, an instance that is gone: tell the peer who we are now.
             self.stats.stale_frames += 1;
             conn.life.want_sync(now);
-            self.mark_urgent(h.src);
-            self.note(h.src);
+            if !conn.urgent {
+                conn.urgent = true;
+                self.urgent.push_back(h.src);
+            }
+            schedule(&mut self.deadlines, conn);
             return Err(RecvError::Stale);
         }
         if h.has(flags::ACK_VALID) {
@@ -1112,9 +1090,6 @@ impl Transport {
                 self.acked = acked;
             }
         }
-        let Some(conn) = self.conns.get_mut(&h.src) else {
-            return Err(RecvError::TooManyPeers);
-        };
         let mut result = Ok(());
         if h.kind == Kind::Data {
             conn.pace.last_data = Some(now);
@@ -1142,7 +1117,7 @@ impl Transport {
             conn.urgent = true;
             self.urgent.push_back(h.src);
         }
-        self.note(h.src);
+        schedule(&mut self.deadlines, conn);
         result.map(|()| None)
     }
 
@@ -1326,20 +1301,7 @@ impl Transport {
     /// cheaper than an entry per change (a busy peer changes its timers with every frame).
     fn note(&mut self, peer: Coord) {
         if let Some(c) = self.conns.get_mut(&peer) {
-            let t = [
-                c.send.poll_timeout(),
-                c.recv.poll_timeout(),
-                c.life.poll_timeout(),
-            ]
-            .into_iter()
-            .flatten()
-            .min();
-            if let Some(t) = t {
-                if c.timer.is_none_or(|r| t < r) {
-                    c.timer = Some(t);
-                    self.deadlines.push(std::cmp::Reverse((t, peer)));
-                }
-            }
+            schedule(&mut self.deadlines, c);
         }
     }
 
@@ -1585,7 +1547,7 @@ impl Transport {
             } else {
                 c.urgent = false;
             }
-            self.note(peer);
+            schedule(&mut self.deadlines, c);
             return Some(t);
         }
         None
@@ -1627,7 +1589,7 @@ impl Transport {
                 }
                 let link = conn.next_link(usable)?;
                 grant(&self.pacing, &mut self.starved, conn);
-                build_data_frame(
+                let t = build_data_frame(
                     self.local,
                     &self.cfg,
                     now,
@@ -1638,7 +1600,9 @@ impl Transport {
                     &mut self.stats,
                     &mut self.pool,
                     keep.and_then(|k| k.handle),
-                )
+                );
+                schedule(&mut self.deadlines, conn);
+                t
             } else {
                 let link = self.short_stripe.next(usable)?;
                 build_short_frame(
@@ -1652,7 +1616,6 @@ impl Transport {
                 )
             };
             self.queues.used_turn(qi);
-            self.note(head.dest);
             return Some(t);
         }
         None
@@ -1704,6 +1667,61 @@ fn grant(p: &RxPacing, starved: &mut Vec<Coord>, c: &mut Connection) {
     if p.is_small(g) && !c.pace.starved {
         c.pace.starved = true;
         starved.push(c.peer);
+    }
+}
+
+/// A fresh connection with `peer`, its instance id drawn from `rng`.
+fn make_conn(rng: &mut SplitMix64, cfg: &Config, peer: Coord) -> Box<Connection> {
+    let cid = loop {
+        let v = rng.next_u64() as u32;
+        if v != 0 {
+            break v;
+        }
+    };
+    let conn_cfg = ConnConfig {
+        send: SendConfig {
+            window: cfg.window,
+            min_rto: cfg.min_rto,
+            max_rto: cfg.max_rto,
+            initial_rto: cfg.initial_rto,
+        },
+        recv: RecvConfig {
+            window: cfg.window,
+            // At most a quarter window between ACKs, so the sender never stalls on a
+            // full window waiting for the delayed-ACK timer.
+            ack_every: cfg.ack_every.min((cfg.window / 4).max(1)),
+            ack_delay: cfg.ack_delay,
+            nack_threshold: cfg.nack_threshold,
+            nack_retry: cfg.nack_retry,
+            nack_retry_min: cfg.nack_retry_min,
+        },
+        life: LifecycleConfig {
+            broken_after: cfg.broken_after,
+            sync_retry: cfg.sync_retry,
+        },
+        max_message: cfg.max_message,
+    };
+    Box::new(Connection::new(peer, cid, conn_cfg))
+}
+
+/// Records `c`'s current deadline in `deadlines` ([`Transport::note`] for a connection in
+/// hand: the paths that run per frame have it already, and a second lookup by peer cost
+/// a hash per frame).
+#[inline]
+fn schedule(deadlines: &mut Deadlines, c: &mut Connection) {
+    let earliest = |a: Option<Time>, b: Option<Time>| match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    };
+    let t = earliest(
+        earliest(c.send.poll_timeout(), c.recv.poll_timeout()),
+        c.life.poll_timeout(),
+    );
+    if let Some(t) = t {
+        if c.timer.is_none_or(|r| t < r) {
+            c.timer = Some(t);
+            deadlines.push(std::cmp::Reverse((t, c.peer)));
+        }
     }
 }
 
