@@ -1868,7 +1868,7 @@ fn build_data_frame(
         conn.queued = conn.queued.saturating_sub(1);
         let msn = conn.next_msn;
         conn.next_msn += 1;
-        conn.sent.on_framed(from, head.tag, seq);
+        conn.sent.on_framed_alone(from, head.tag, seq);
         h.flags |= flags::FRAG_FIRST | flags::FRAG_LAST | fence_flags(head.fences);
         h.msn = seqnum::truncate(msn);
         h.fence = fence_distance(msn, conn.last_fwd);
@@ -1900,7 +1900,7 @@ fn build_data_frame(
             h.flags |= flags::FRAG_LAST;
             messages = 1;
             conn.queued = conn.queued.saturating_sub(1);
-            conn.sent.on_framed(from, head.tag, seq);
+            conn.sent.on_framed_alone(from, head.tag, seq);
         }
         h.flags |= fence_flags(head.fences);
         h.msn = seqnum::truncate(msn);
