@@ -51,19 +51,28 @@ impl ByteRing {
     #[inline]
     pub fn push_message<const H: usize>(&mut self, header: &[u8; H], data: &[u8]) {
         let need = self.len + H + data.len();
-        if need > self.buf.len() {
-            self.grow(need);
-        }
         let cap = self.buf.len();
-        let tail = (self.head + self.len) & (cap - 1);
-        if tail + H + data.len() <= cap {
+        let tail = (self.head + self.len) & cap.wrapping_sub(1);
+        // The common case, small enough to inline into every send: room, and no wrap.
+        if need <= cap && tail + H + data.len() <= cap {
             self.buf[tail..tail + H].copy_from_slice(header);
             self.buf[tail + H..tail + H + data.len()].copy_from_slice(data);
             self.len = need;
         } else {
-            self.push(header);
-            self.push(data);
+            self.push_message_slow(header, data);
         }
+    }
+
+    /// [`ByteRing::push_message`] when the ring grows or the message wraps around its end.
+    #[cold]
+    #[inline(never)]
+    fn push_message_slow<const H: usize>(&mut self, header: &[u8; H], data: &[u8]) {
+        let need = self.len + H + data.len();
+        if need > self.buf.len() {
+            self.grow(need);
+        }
+        self.push(header);
+        self.push(data);
     }
 
     /// Moves the oldest `out.len()` bytes into `out` (which must not be longer than what is
@@ -86,6 +95,16 @@ impl ByteRing {
         } else {
             (self.head + n) & (cap - 1)
         };
+    }
+
+    /// Copies the bytes `at..at + out.len()` from the oldest into `out`, leaving them held
+    /// (they must be).
+    pub fn peek(&self, at: usize, out: &mut [u8]) {
+        let cap = self.buf.len();
+        debug_assert!(at + out.len() <= self.len);
+        for (k, b) in out.iter_mut().enumerate() {
+            *b = self.buf[(self.head + at + k) & (cap - 1)];
+        }
     }
 
     /// Drops the oldest `n` bytes.
