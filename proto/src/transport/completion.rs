@@ -37,16 +37,28 @@ impl Sent {
         }
     }
 
-    /// Whether a message tagged `tag` of `service`, in frame `seq`, extends the run.
-    fn extends(&self, service: u16, tag: u64, seq: u64) -> bool {
-        if self.service != service || self.last_seq != seq || self.count == u32::MAX {
-            return false;
+    /// Whether `count` messages of `service` in frame `seq`, tagged from `first` by `step`,
+    /// continue this run, and with which step the two go on as one.
+    fn joins(&self, service: u16, first: u64, step: u8, count: u32, seq: u64) -> Option<u8> {
+        if self.service != service
+            || self.last_seq != seq
+            || self.count.checked_add(count).is_none()
+        {
+            return None;
         }
-        if self.count == 1 {
-            tag.wrapping_sub(self.first_tag) <= 1
-        } else {
-            tag == self.last_tag().wrapping_add(u64::from(self.step))
-        }
+        let common = match (self.count > 1, count > 1) {
+            (true, true) if self.step != step => return None,
+            (true, _) => self.step,
+            (false, true) => step,
+            (false, false) => {
+                let d = first.wrapping_sub(self.first_tag);
+                if d > 1 {
+                    return None;
+                }
+                d as u8
+            }
+        };
+        (first == self.last_tag().wrapping_add(u64::from(common))).then_some(common)
     }
 }
 
@@ -73,17 +85,39 @@ impl Completions {
     /// same frame.
     #[inline]
     pub fn on_framed(&mut self, service: u16, tag: u64, last_seq: u64) {
+        self.on_framed_run(service, tag, 0, 1, last_seq);
+    }
+
+    /// Records `count` messages of `service` whose last bytes went out in frame `last_seq`,
+    /// tagged from `first_tag` on, all alike (`step` 0) or counting up (1).
+    #[inline]
+    pub fn on_framed_run(
+        &mut self,
+        service: u16,
+        first_tag: u64,
+        step: u8,
+        count: u32,
+        last_seq: u64,
+    ) {
+        if count == 0 {
+            return;
+        }
         if let Some(b) = self.sent.back_mut() {
-            if b.extends(service, tag, last_seq) {
-                if b.count == 1 {
-                    b.step = u8::from(tag != b.first_tag);
-                }
-                b.count += 1;
-                self.messages += 1;
+            if let Some(common) = b.joins(service, first_tag, step, count, last_seq) {
+                b.step = common;
+                b.count += count;
+                self.messages += count as usize;
                 return;
             }
         }
-        self.on_framed_alone(service, tag, last_seq);
+        self.messages += count as usize;
+        self.sent.push_back(Sent {
+            first_tag,
+            last_seq,
+            count,
+            service,
+            step: if count > 1 { step } else { 0 },
+        });
     }
 
     /// [`Completions::on_framed`] for a message that is the only one to end in frame
@@ -201,15 +235,31 @@ mod tests {
                             2 => tag.wrapping_sub(1),
                             _ => rng.next_u64() % 4,
                         };
-                        if rng.below(4) == 0 {
-                            // Alone in a frame of its own.
-                            seq += 1;
-                            c.on_framed_alone(service, tag, seq);
-                            model.push_back((service, tag, seq));
-                            seq += 1;
-                        } else {
-                            c.on_framed(service, tag, seq);
-                            model.push_back((service, tag, seq));
+                        match rng.below(4) {
+                            0 => {
+                                // Alone in a frame of its own.
+                                seq += 1;
+                                c.on_framed_alone(service, tag, seq);
+                                model.push_back((service, tag, seq));
+                                seq += 1;
+                            }
+                            1 => {
+                                // A run, as a queue's group hands them over.
+                                let step = rng.below(2) as u8;
+                                let count = rng.below(5) as u32;
+                                c.on_framed_run(service, tag, step, count, seq);
+                                for k in 0..count {
+                                    let t = tag.wrapping_add(u64::from(step) * u64::from(k));
+                                    model.push_back((service, t, seq));
+                                }
+                                if count > 0 {
+                                    tag = tag.wrapping_add(u64::from(step) * u64::from(count - 1));
+                                }
+                            }
+                            _ => {
+                                c.on_framed(service, tag, seq);
+                                model.push_back((service, tag, seq));
+                            }
                         }
                     }
                     6 | 7 => seq += 1,

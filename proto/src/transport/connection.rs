@@ -46,7 +46,8 @@ pub struct Connection {
     pub next_msn: u64,
     /// The latest forward-fenced message we sent.
     pub last_fwd: Option<u64>,
-    /// Messages to this peer waiting in service queues.
+    /// Service queue entries (messages, or groups of them) to this peer: nonzero while any
+    /// message to it waits.
     pub queued: usize,
     /// Whether the connection sits in the transport's urgent list.
     pub urgent: bool,

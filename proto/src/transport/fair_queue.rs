@@ -6,6 +6,14 @@
 //! front: an aggregated frame is then one copy of a run of messages, not a header and a copy
 //! per message (and a message framed alone skips its header).
 //!
+//! With aggregation on, a message that could share the frame of the entry behind it (same
+//! peer and service, same kind, no fence, room left, tags equal or counting up) joins that
+//! entry instead of taking one of its own: an entry is then a *group* whose bytes lie in
+//! the ring as one run of wire-form messages, the payload of the frame it will be, and the
+//! frame is built from it with per-entry, not per-message, work. Groups are cut exactly
+//! where framing would cut them (a frame takes whole entries from the head while they fit),
+//! so frames carry the same messages as when every message had an entry.
+//!
 //! Compacting queues (the simulator's: [`super::Config::compact_runs`]) hold a long message
 //! whose bytes are all one value as its header and that value: the bytes are written out,
 //! exactly, only into the frame. A simulated torus of thousands of servers otherwise copied
@@ -44,6 +52,48 @@ pub struct Queued {
     /// Set by a compacting queue: every byte of the message is this value, and the queue
     /// holds its header only.
     pub run: Option<u8>,
+    /// Messages in the entry: more than one for a group, whose `len` is then its bytes in
+    /// wire form less one message header (so `MSG_HEADER_LEN + len` is what it takes in a
+    /// frame either way) and `tag` the first one's.
+    pub count: u32,
+    /// A group's tags: all `tag` (0), or counting up from it (1).
+    pub tag_step: u8,
+    /// Whether messages may join it: it has no fence and no run, and fits a frame with
+    /// its header (a message larger than that goes alone or in fragments, so an entry being
+    /// sent in fragments never takes others).
+    pub groupable: bool,
+}
+
+impl Queued {
+    /// The tag of the entry's message `k`.
+    pub fn tag_of(&self, k: u32) -> u64 {
+        if self.tag_step == 0 {
+            self.tag
+        } else {
+            self.tag.wrapping_add(u64::from(k))
+        }
+    }
+
+    /// Message bytes in the entry, headers not counted.
+    fn body_bytes(&self) -> usize {
+        (self.len as usize).saturating_sub((self.count as usize - 1) * MSG_HEADER_LEN)
+    }
+
+    /// Whether message `m` (with `need` bytes in wire form, itself groupable) may join
+    /// this entry, in a frame of at most `room` payload bytes.
+    #[inline]
+    fn takes(&self, m: &Queued, need: usize, room: usize) -> bool {
+        self.groupable
+            && self.dest == m.dest
+            && self.service == m.service
+            && self.reliable == m.reliable
+            && MSG_HEADER_LEN + self.len as usize + need <= room
+            && if self.count == 1 {
+                m.tag.wrapping_sub(self.tag) <= 1
+            } else {
+                m.tag == self.tag_of(self.count)
+            }
+    }
 }
 
 /// Messages shorter than this are held as bytes even by a compacting queue.
@@ -77,6 +127,8 @@ pub struct ServiceQueue {
     runs: usize,
     /// Message bytes waiting (the ring holds their headers too).
     data: usize,
+    /// Messages waiting (a group's count them all).
+    messages: usize,
     /// The head message's fragmentation.
     progress: HeadProgress,
 }
@@ -99,14 +151,14 @@ impl ServiceQueue {
         self.progress.wait_for = wait_for;
     }
 
-    /// The waiting messages, head first.
+    /// The waiting entries (messages and groups), head first.
     pub fn iter(&self) -> impl Iterator<Item = &Queued> {
         self.meta.iter()
     }
 
     /// Messages waiting.
     pub fn len(&self) -> usize {
-        self.meta.len()
+        self.messages
     }
 
     /// Whether no message waits.
@@ -126,6 +178,7 @@ impl ServiceQueue {
     pub fn take_declaring(&mut self, out: &mut [u8], declare: bool) -> Option<(usize, u8)> {
         let n = out.len();
         let h = self.meta.front()?;
+        debug_assert_eq!(h.count, 1, "a group is taken whole, aggregated");
         let run = h.run;
         let len = h.len;
         if self.progress.sent == 0 {
@@ -148,15 +201,108 @@ impl ServiceQueue {
         self.progress.sent += n as u32;
         if self.progress.sent >= len {
             self.meta.pop_front();
+            self.messages -= 1;
             self.runs -= usize::from(run.is_some());
             self.progress = HeadProgress::default();
         }
         declared
     }
 
-    /// Copies the next `count` messages, none of them partly sent, in wire form (each with
-    /// its aggregated-message header) into `out`, which their bytes fill exactly, and pops
-    /// them.
+    /// Plans the aggregated frame the head starts (it must not be partly sent, and must fit
+    /// `room` payload bytes whole): the entries behind it to the same peer and of the same
+    /// kind, whole while they fit, then as many of the next group's first messages as fit,
+    /// exactly the messages a frame took when each had an entry. `visit` sees each entry
+    /// taken and how many of its messages.
+    pub fn plan_aggregate(&self, room: usize, mut visit: impl FnMut(&Queued, u32)) -> Plan {
+        let mut p = Plan::default();
+        let Some(head) = self.meta.front() else {
+            return p;
+        };
+        // Where the entry starts in the ring (a run holds its header only).
+        let mut ring_at = 0usize;
+        for m in &self.meta {
+            if m.dest != head.dest || m.reliable != head.reliable {
+                break;
+            }
+            let need = MSG_HEADER_LEN + m.len as usize;
+            if p.bytes + need <= room {
+                p.bytes += need;
+                p.entries += 1;
+                p.messages += m.count;
+                visit(m, m.count);
+                ring_at += if m.run.is_some() {
+                    MSG_HEADER_LEN
+                } else {
+                    need
+                };
+                continue;
+            }
+            if m.count > 1 {
+                // The group's first messages, read header by header from the ring.
+                let (mut at, mut k) = (ring_at, 0);
+                while k < m.count {
+                    let mut h = [0u8; 2];
+                    self.bytes.peek(at, &mut h);
+                    let w = MSG_HEADER_LEN + usize::from(u16::from_be_bytes(h));
+                    if p.bytes + w > room {
+                        break;
+                    }
+                    p.bytes += w;
+                    at += w;
+                    k += 1;
+                }
+                if k > 0 {
+                    p.prefix = k;
+                    p.messages += k;
+                    visit(m, k);
+                }
+            }
+            break;
+        }
+        p
+    }
+
+    /// Takes what `plan` (from [`ServiceQueue::plan_aggregate`], nothing changed since)
+    /// names into `out`, which its bytes fill exactly; with `declare`, as
+    /// [`ServiceQueue::take_aggregated_declaring`].
+    pub fn take_planned(
+        &mut self,
+        plan: &Plan,
+        out: &mut [u8],
+        declare: bool,
+    ) -> Option<(usize, u8)> {
+        let prefix_at = if plan.prefix == 0 {
+            out.len()
+        } else {
+            let n = self
+                .meta
+                .iter()
+                .take(plan.entries)
+                .map(|m| MSG_HEADER_LEN + m.len as usize)
+                .sum();
+            n
+        };
+        let declared = self.take_aggregated_declaring(plan.entries, &mut out[..prefix_at], declare);
+        if plan.prefix > 0 {
+            let taken = out.len() - prefix_at;
+            self.bytes.take(&mut out[prefix_at..]);
+            if let Some(g) = self.meta.front_mut() {
+                g.count -= plan.prefix;
+                g.len -= taken as u32;
+                g.tag = g.tag_of(plan.prefix);
+                if g.count == 1 {
+                    g.tag_step = 0;
+                }
+            }
+            self.data -= (taken - plan.prefix as usize * MSG_HEADER_LEN).min(self.data);
+            self.messages -= plan.prefix as usize;
+        }
+        declared
+    }
+
+    /// Copies the next `count` entries (messages and groups), none of them partly sent, in
+    /// wire form (each message with its aggregated-message header) into `out`, which their
+    /// bytes fill exactly, and pops them.
     pub fn take_aggregated(&mut self, count: usize, out: &mut [u8]) {
         self.take_aggregated_declaring(count, out, false);
     }
@@ -196,15 +342,39 @@ impl ServiceQueue {
                 at = end;
             }
         }
-        self.data -= (out.len() - count * MSG_HEADER_LEN).min(self.data);
+        let messages: usize = self.meta.iter().take(count).map(|m| m.count as usize).sum();
+        self.data -= (out.len() - messages * MSG_HEADER_LEN).min(self.data);
+        self.messages -= messages;
         self.meta.drain(..count);
         declared
     }
 }
 
+/// What of a queue's head goes into one aggregated frame ([`ServiceQueue::plan_aggregate`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Entries taken whole.
+    pub entries: usize,
+    /// Messages taken from the front of the entry after them (a group), if any.
+    pub prefix: u32,
+    /// Messages in all.
+    pub messages: u32,
+    /// Payload bytes.
+    pub bytes: usize,
+}
+
 /// Why a message was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Full;
+
+/// Why [`FairQueue::push_admitting`] did not queue a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused<E> {
+    /// The service's queue is full.
+    Full,
+    /// The caller's admission refused it.
+    Admit(E),
+}
 
 /// The set of service queues with a weighted round-robin cursor.
 #[derive(Debug)]
@@ -218,6 +388,9 @@ pub struct FairQueue {
     default_limit: usize,
     /// Hold long runs of one byte value compactly ([`super::Config::compact_runs`]).
     compact: bool,
+    /// Group messages that will share a frame of this many payload bytes (0: never, when
+    /// aggregation is off).
+    group_room: usize,
 }
 
 impl FairQueue {
@@ -231,6 +404,16 @@ impl FairQueue {
             turns_left: 1,
             default_limit,
             compact: false,
+            group_room: 0,
+        }
+    }
+
+    /// Groups messages that will share a frame of `room` payload bytes (aggregation).
+    #[must_use]
+    pub fn grouping(self, room: usize) -> FairQueue {
+        FairQueue {
+            group_room: room,
+            ..self
         }
     }
 
@@ -275,6 +458,7 @@ impl FairQueue {
             compacted: 0,
             runs: 0,
             data: 0,
+            messages: 0,
             progress: HeadProgress::default(),
         });
         let i = self.queues.len() - 1;
@@ -284,7 +468,23 @@ impl FairQueue {
 
     /// Queues a message, or refuses it when the service's queue would exceed its limit (an
     /// empty queue always takes one message, so large messages are never refused forever).
-    pub fn push(&mut self, service: u16, mut q: Queued, data: &[u8]) -> Result<(), Full> {
+    pub fn push(&mut self, service: u16, q: Queued, data: &[u8]) -> Result<(), Full> {
+        self.push_admitting(service, q, data, || Ok::<(), Full>(()))
+            .map_err(|_| Full)
+    }
+
+    /// [`FairQueue::push`], asking `admit` first when the message opens an entry of its own
+    /// rather than joining the group behind it: its refusal leaves the queue as it was. (The
+    /// transport admits a message to a new peer there, which costs a lookup that a message
+    /// joining a group does not need.)
+    #[inline]
+    pub fn push_admitting<E>(
+        &mut self,
+        service: u16,
+        mut q: Queued,
+        data: &[u8],
+        admit: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), Refused<E>> {
         let compact = self.compact;
         let i = self.slot(service);
         let sq = &mut self.queues[i];
@@ -293,7 +493,19 @@ impl FairQueue {
         // simulator's engines took half as much memory again).
         let held = sq.bytes.len() + sq.compacted;
         if !sq.meta.is_empty() && held + MSG_HEADER_LEN + data.len() > sq.limit {
-            return Err(Full);
+            return Err(Refused::Full);
+        }
+        let need = MSG_HEADER_LEN + data.len();
+        // Fenced messages and (in a compacting queue) long ones go alone.
+        let alone = q.fences.backward || q.fences.forward || (compact && data.len() >= MIN_RUN);
+        q.groupable = need <= self.group_room && !alone;
+        let joins = q.groupable
+            && sq
+                .meta
+                .back()
+                .is_some_and(|t| t.takes(&q, need, self.group_room));
+        if !joins {
+            admit().map_err(Refused::Admit)?;
         }
         let mut fl = 0u8;
         if q.fences.backward {
@@ -322,6 +534,19 @@ impl FairQueue {
             sq.bytes.push_message(&hdr, data);
         }
         sq.data += data.len();
+        sq.messages += 1;
+        if joins {
+            if let Some(t) = sq.meta.back_mut() {
+                if t.count == 1 {
+                    t.tag_step = u8::from(q.tag != t.tag);
+                }
+                t.count += 1;
+                t.len += need as u32;
+                return Ok(());
+            }
+        }
+        q.count = 1;
+        q.tag_step = 0;
         sq.meta.push_back(q);
         Ok(())
     }
@@ -363,7 +588,7 @@ impl FairQueue {
 
     /// Messages waiting in all queues.
     pub fn total(&self) -> usize {
-        self.queues.iter().map(|q| q.meta.len()).sum()
+        self.queues.iter().map(|q| q.messages).sum()
     }
 
     /// Bytes waiting in all queues.
@@ -394,8 +619,10 @@ impl FairQueue {
                     if i == 0 {
                         q.progress = HeadProgress::default();
                     }
-                    out.push((q.service, m.tag));
+                    out.extend((0..m.count).map(|k| (q.service, m.tag_of(k))));
                     q.bytes.skip(n);
+                    q.messages -= m.count as usize;
+                    let rest = m.body_bytes() - sent as usize;
                     q.data -= rest.min(q.data);
                     if m.run.is_some() {
                         q.runs -= 1;
@@ -429,6 +656,9 @@ mod tests {
             fences: Fences::default(),
             enqueued: Time::ZERO,
             run: None,
+            count: 1,
+            tag_step: 0,
+            groupable: false,
         }
     }
 
@@ -578,5 +808,123 @@ mod tests {
             assert_eq!(plain.total_bytes(), compact.total_bytes());
         }
         assert!(declared > 100 && hinted > 100, "{declared} {hinted}");
+    }
+
+    /// A grouping queue hands out the same frames as one that keeps an entry per message:
+    /// the same bytes, the same messages with the same tags, in the same order, whatever
+    /// the mix of peers, kinds, fences, sizes and tags; and both remove a peer's messages
+    /// alike.
+    #[test]
+    fn groups_frame_what_single_entries_would() {
+        const ROOM: usize = 1486;
+        let mut rng = crate::rng::SplitMix64::new(11);
+        let (mut groups_seen, mut prefixes) = (0, 0);
+        for compact in [false, true] {
+            let make = |grouping: bool| {
+                let q = if compact {
+                    FairQueue::compacting(60_000)
+                } else {
+                    FairQueue::new(60_000)
+                };
+                if grouping {
+                    q.grouping(ROOM)
+                } else {
+                    q
+                }
+            };
+            let (mut single, mut grouped) = (make(false), make(true));
+            let mut tag = 0u64;
+            let mut like = (Coord::new(0, 0, 0), 1u16, true);
+            for step in 0..30_000u64 {
+                match rng.below(8) {
+                    0..=4 => {
+                        let len = [0usize, 1, 60, 64, 200, 700, 1480, 3000][rng.below(8) as usize];
+                        let v = rng.below(3) as u8;
+                        let data = vec![v; len];
+                        tag = match rng.below(5) {
+                            0 => tag,
+                            1 | 2 => tag.wrapping_add(1),
+                            3 => tag.wrapping_sub(1),
+                            _ => rng.next_u64(),
+                        };
+                        let fences = Fences {
+                            backward: rng.below(10) == 0,
+                            forward: rng.below(10) == 0,
+                        };
+                        // Runs of messages alike, which group, and changes of peer, service
+                        // or kind, which cut groups.
+                        if rng.below(3) == 0 {
+                            like = (
+                                Coord::new(rng.below(2) as u16, 0, 0),
+                                1 + rng.below(2) as u16,
+                                rng.below(6) != 0,
+                            );
+                        }
+                        let q = Queued {
+                            dest: like.0,
+                            service: like.1,
+                            reliable: like.2,
+                            fences,
+                            tag,
+                            len: len as u32,
+                            ..msg(0)
+                        };
+                        assert_eq!(
+                            single.push(1, q, &data),
+                            grouped.push(1, q, &data),
+                            "step {step}"
+                        );
+                    }
+                    5 | 6 if single.services() > 0 => {
+                        let (a, b) = (single.queue_mut(0), grouped.queue_mut(0));
+                        let Some(h) = a.head().copied() else { continue };
+                        let bh = b.head().copied().unwrap();
+                        assert_eq!((h.dest, h.reliable, h.tag), (bh.dest, bh.reliable, bh.tag));
+                        groups_seen += usize::from(bh.count > 1);
+                        if a.head_progress().sent == 0 && MSG_HEADER_LEN + h.len as usize <= ROOM {
+                            // An aggregated frame.
+                            let mut ta: Vec<(u64, bool)> = Vec::new();
+                            let mut tb: Vec<(u64, bool)> = Vec::new();
+                            let pa = a.plan_aggregate(ROOM, |m, k| {
+                                ta.extend((0..k).map(|i| (m.tag_of(i), m.fences.forward)))
+                            });
+                            let pb = b.plan_aggregate(ROOM, |m, k| {
+                                tb.extend((0..k).map(|i| (m.tag_of(i), m.fences.forward)))
+                            });
+                            assert_eq!(
+                                (pa.messages, pa.bytes),
+                                (pb.messages, pb.bytes),
+                                "step {step}"
+                            );
+                            assert_eq!(ta, tb, "step {step}");
+                            prefixes += usize::from(pb.prefix > 0);
+                            let (mut x, mut y) = (vec![9u8; pa.bytes], vec![7u8; pb.bytes]);
+                            a.take_planned(&pa, &mut x, false);
+                            b.take_planned(&pb, &mut y, false);
+                            assert_eq!(x, y, "step {step}");
+                        } else {
+                            // Alone, whole or a fragment.
+                            let left = u64::from(h.len - a.head_progress().sent);
+                            let n = left.min(1 + rng.below(2000)) as usize;
+                            let (mut x, mut y) = (vec![0u8; n], vec![1u8; n]);
+                            a.take(&mut x);
+                            b.take(&mut y);
+                            assert_eq!(x, y, "step {step}");
+                        }
+                    }
+                    7 => {
+                        let dest = Coord::new(rng.below(2) as u16, 0, 0);
+                        assert_eq!(single.remove_dest(dest), grouped.remove_dest(dest));
+                    }
+                    _ => {}
+                }
+                assert_eq!(single.total(), grouped.total());
+                assert_eq!(single.total_bytes(), grouped.total_bytes());
+            }
+        }
+        assert!(
+            groups_seen > 400 && prefixes > 10,
+            "{groups_seen} {prefixes}"
+        );
     }
 }

@@ -50,7 +50,7 @@ use completion::AckedRun;
 use connection::{ConnConfig, Connection};
 pub use delivery::Fences;
 use delivery::{DeliveryError, Release};
-use fair_queue::{FairQueue, Queued};
+use fair_queue::{FairQueue, Queued, Refused};
 pub use inbox::EventRef;
 use inbox::Inbox;
 use kept::KeptFrame;
@@ -599,10 +599,18 @@ impl Transport {
             conns: FxHashMap::default(),
             short_stripe: stripe::Stripe::default(),
             urgent: VecDeque::new(),
-            queues: if cfg.compact_runs {
-                FairQueue::compacting(cfg.queue_bytes)
-            } else {
-                FairQueue::new(cfg.queue_bytes)
+            queues: {
+                let q = if cfg.compact_runs {
+                    FairQueue::compacting(cfg.queue_bytes)
+                } else {
+                    FairQueue::new(cfg.queue_bytes)
+                };
+                // Messages that will share a frame share a queue entry.
+                if cfg.aggregate {
+                    q.grouping(cfg.max_payload())
+                } else {
+                    q
+                }
             },
             events: Inbox::default(),
             stats: Stats::default(),
@@ -862,15 +870,6 @@ impl Transport {
                 max,
             });
         }
-        let peers = self.conns.len();
-        // Short messages need no connection: nothing about them is acknowledged.
-        let known = match self.conns.get_mut(&m.dest) {
-            Some(c) => Some(c),
-            None if m.reliable && peers >= self.cfg.max_peers => {
-                return Err(SendError::TooManyPeers)
-            }
-            None => None,
-        };
         let q = Queued {
             tag: m.tag,
             service: m.service,
@@ -884,30 +883,48 @@ impl Transport {
             },
             enqueued: now,
             run,
+            count: 1,
+            tag_step: 0,
+            groupable: false,
         };
-        self.queues
-            .push(m.from, q, m.data)
-            .map_err(|_| SendError::WouldBlock)?;
-        if !m.reliable {
-            return Ok(());
-        }
-        // One lookup on the steady path (a known peer, established): this runs per message.
-        let c = match known {
-            Some(c) => c,
-            None => {
-                let c = self.new_conn(m.dest);
-                self.conns.entry(m.dest).or_insert(c)
+        // The connection is looked up only for a message that opens a queue entry: one that
+        // joins the group behind it (most small messages, aggregating) goes to the same
+        // peer, whose connection that group's first message found or opened.
+        let (conns, urgent, deadlines) = (&mut self.conns, &mut self.urgent, &mut self.deadlines);
+        let (rng, cfg) = (&mut self.rng, &self.cfg);
+        let admit = || -> Result<(), SendError> {
+            // Short messages need no connection: nothing about them is acknowledged.
+            if !m.reliable {
+                return Ok(());
             }
+            let peers = conns.len();
+            let c = match conns.entry(m.dest) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    if peers >= cfg.max_peers {
+                        return Err(SendError::TooManyPeers);
+                    }
+                    v.insert(make_conn(rng, cfg, m.dest))
+                }
+            };
+            c.queued += 1;
+            if !c.life.established() {
+                // Nothing goes before the handshake: ask for it, and start the deadline.
+                c.life.want_sync(now);
+                c.life.set_waiting(now, true, false);
+                if !c.urgent {
+                    c.urgent = true;
+                    urgent.push_back(m.dest);
+                }
+                schedule(deadlines, c);
+            }
+            Ok(())
         };
-        c.queued += 1;
-        if !c.life.established() {
-            // Nothing goes before the handshake: ask for it, and start the deadline.
-            c.life.want_sync(now);
-            c.life.set_waiting(now, true, false);
-            self.mark_urgent(m.dest);
-            self.note(m.dest);
+        match self.queues.push_admitting(m.from, q, m.data, admit) {
+            Ok(()) => Ok(()),
+            Err(Refused::Full) => Err(SendError::WouldBlock),
+            Err(Refused::Admit(e)) => Err(e),
         }
-        Ok(())
     }
 
     fn new_conn(&mut self, peer: Coord) -> Box<Connection> {
@@ -1758,17 +1775,9 @@ fn build_short_frame(
     // is taken whole, alone or with the short messages to the same peer behind it.
     let (plen, messages, tail) = if cfg.aggregate {
         h.flags |= flags::AGGREGATED;
-        let (mut used, mut count) = (0usize, 0usize);
-        for m in q.iter() {
-            let need = MSG_HEADER_LEN + m.len as usize;
-            if m.dest != head.dest || m.reliable || used + need > room {
-                break;
-            }
-            used += need;
-            count += 1;
-        }
-        let tail = q.take_aggregated_declaring(count, &mut payload[..used], declare);
-        (used, count, tail)
+        let plan = q.plan_aggregate(room, |_, _| {});
+        let tail = q.take_planned(&plan, &mut payload[..plan.bytes], declare);
+        (plan.bytes, plan.messages as usize, tail)
     } else {
         let len = (head.len as usize).min(room);
         let tail = q.take_declaring(&mut payload[..len], declare);
@@ -1830,31 +1839,25 @@ fn build_data_frame(
     let plen;
     if cfg.aggregate && whole_fits {
         h.flags |= flags::AGGREGATED;
-        let mut used = 0usize;
         let mut first_msn = None;
         let fence_before = conn.last_fwd;
-        let mut count = 0usize;
-        for m in q.iter() {
-            let need = MSG_HEADER_LEN + m.len as usize;
-            if m.dest != dest || !m.reliable || used + need > room {
-                break;
-            }
-            // Only the head can be partly sent, and then it is not aggregated (whole_fits).
-            used += need;
-            count += 1;
+        // Per entry, not per message: a group's messages take consecutive numbers.
+        let plan = q.plan_aggregate(room, |m, k| {
             let msn = conn.next_msn;
-            conn.next_msn += 1;
+            conn.next_msn += u64::from(k);
             first_msn.get_or_insert(msn);
             if m.fences.forward {
+                // Fenced messages are never grouped: this one is `msn`.
                 conn.last_fwd = Some(msn);
             }
-            conn.sent.on_framed(from, m.tag, seq);
-        }
+            conn.sent.on_framed_run(from, m.tag, m.tag_step, k, seq);
+        });
         // The messages wait in wire form: the run is one copy.
-        q.take_aggregated(count, &mut payload[..used]);
-        conn.queued = conn.queued.saturating_sub(count);
-        messages = count as u32;
-        plen = used;
+        q.take_planned(&plan, &mut payload[..plan.bytes], false);
+        // A group the frame took the first messages of stays queued.
+        conn.queued = conn.queued.saturating_sub(plan.entries);
+        messages = plan.messages;
+        plen = plan.bytes;
         if let Some(msn) = first_msn {
             h.msn = seqnum::truncate(msn);
             h.fence = fence_distance(msn, fence_before);
