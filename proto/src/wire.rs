@@ -761,6 +761,34 @@ impl<'a> Iterator for Messages<'a> {
     }
 }
 
+/// Checks every message of an aggregated payload, as iterating [`Messages`] over it would
+/// (the same first error), and returns how many there are and the union of their flags: a
+/// receiver that needs no more of them before accepting the frame reads each header once,
+/// without building the messages.
+pub fn check_messages(payload: &[u8]) -> Result<(u32, u8), WireError> {
+    let (mut at, mut count, mut union) = (0usize, 0u32, 0u8);
+    while at < payload.len() {
+        let overrun = WireError::MessageOverrun {
+            at,
+            len: payload.len(),
+        };
+        let Some(h) = payload.get(at..at + MSG_HEADER_LEN) else {
+            return Err(overrun);
+        };
+        let len = usize::from(u16::from_be_bytes([h[0], h[1]]));
+        if h[4] & !msg_flags::KNOWN != 0 || h[5] != 0 {
+            return Err(WireError::MessageReserved(at));
+        }
+        union |= h[4];
+        at += MSG_HEADER_LEN + len;
+        if at > payload.len() {
+            return Err(overrun);
+        }
+        count += 1;
+    }
+    Ok((count, union))
+}
+
 /// Writes a message header (length, service, flags) at the start of `buf`, which must hold
 /// at least [`MSG_HEADER_LEN`] bytes.
 pub fn write_msg_header(buf: &mut [u8], len: u16, service: u16, fl: u8) {
@@ -887,6 +915,47 @@ pub fn check_untrusted_messages(data: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+
+    /// `check_messages` finds what iterating the messages finds: the same count and flags
+    /// on a good payload, the same first error on a bad one.
+    #[test]
+    fn checking_messages_agrees_with_iterating_them() {
+        let mut rng = crate::rng::SplitMix64::new(4);
+        for _ in 0..20_000 {
+            let mut p = vec![0u8; rng.below(80) as usize];
+            let mut at = 0;
+            while at + MSG_HEADER_LEN <= p.len() && rng.below(8) != 0 {
+                let len = rng.below(12) as usize;
+                p[at..at + 2].copy_from_slice(&(len as u16).to_be_bytes());
+                p[at + 4] =
+                    [0, msg_flags::BWD_FENCE, msg_flags::FWD_FENCE, 0x80][rng.below(4) as usize];
+                p[at + 5] = u8::from(rng.below(30) == 0);
+                at += MSG_HEADER_LEN + len;
+            }
+            if rng.below(4) == 0 {
+                for b in &mut p {
+                    if rng.below(10) == 0 {
+                        *b = rng.below(256) as u8;
+                    }
+                }
+            }
+            let mut want = Ok((0u32, 0u8));
+            for m in Messages::new(&p) {
+                match (m, &mut want) {
+                    (Ok(m), Ok((n, f))) => {
+                        *n += 1;
+                        *f |= m.flags;
+                    }
+                    (Err(e), _) => {
+                        want = Err(e);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            assert_eq!(check_messages(&p), want, "{p:?}");
+        }
+    }
     use super::*;
 
     fn frame(h: &Header, payload: &[u8]) -> Vec<u8> {

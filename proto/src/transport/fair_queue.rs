@@ -437,6 +437,7 @@ impl FairQueue {
         self.queues.as_ptr().wrapping_add(self.last).cast()
     }
 
+    #[inline]
     fn slot(&mut self, service: u16) -> usize {
         if self
             .queues
@@ -445,6 +446,12 @@ impl FairQueue {
         {
             return self.last;
         }
+        self.slot_of_another(service)
+    }
+
+    /// [`FairQueue::slot`] for a service other than the one used last.
+    #[inline(never)]
+    fn slot_of_another(&mut self, service: u16) -> usize {
         if let Some(&i) = self.index.get(&service) {
             self.last = i;
             return i;

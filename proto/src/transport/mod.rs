@@ -1015,14 +1015,19 @@ impl Transport {
         if aggregated {
             // Check every message first: a frame is accepted (and acknowledged) whole or
             // not at all, so a bad one is never half-delivered.
-            let placers = !self.placers.0.is_empty();
-            for m in view.messages() {
-                let m = m?;
-                batch.messages += 1;
-                if m.flags & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) != 0
-                    || (placers && self.placers.get(m.service).is_some())
-                {
-                    batch.plain = false;
+            if self.placers.0.is_empty() {
+                let (count, union) = wire::check_messages(view.payload())?;
+                batch.messages = count;
+                batch.plain = union & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) == 0;
+            } else {
+                for m in view.messages() {
+                    let m = m?;
+                    batch.messages += 1;
+                    if m.flags & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) != 0
+                        || self.placers.get(m.service).is_some()
+                    {
+                        batch.plain = false;
+                    }
                 }
             }
             if batch.messages == 0 {
