@@ -898,13 +898,15 @@ impl Transport {
                 return Ok(());
             }
             let peers = conns.len();
-            let c = match conns.entry(m.dest) {
-                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => {
+            let c = match conns.get_mut(&m.dest) {
+                Some(c) => c,
+                None => {
                     if peers >= cfg.max_peers {
                         return Err(SendError::TooManyPeers);
                     }
-                    v.insert(make_conn(rng, cfg, m.dest))
+                    conns
+                        .entry(m.dest)
+                        .or_insert_with(|| make_conn(rng, cfg, m.dest))
                 }
             };
             c.queued += 1;
@@ -1062,15 +1064,18 @@ impl Transport {
         {
             return self.handle_announce(&h, &view).map(|()| None);
         }
-        // One lookup of the connection per frame: it is held to the end.
+        // One lookup of the connection per frame: it is held to the end. (Not through
+        // `entry`, which prepares an insertion every time and cost three lookups' worth.)
         let peers = self.conns.len();
-        let conn = match self.conns.entry(h.src) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
+        let conn = match self.conns.get_mut(&h.src) {
+            Some(c) => c,
+            None => {
                 if peers >= self.cfg.max_peers {
                     return Err(RecvError::TooManyPeers);
                 }
-                v.insert(make_conn(&mut self.rng, &self.cfg, h.src))
+                self.conns
+                    .entry(h.src)
+                    .or_insert_with(|| make_conn(&mut self.rng, &self.cfg, h.src))
             }
         };
         if h.kind == Kind::Sync {
