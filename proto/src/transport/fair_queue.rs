@@ -506,12 +506,13 @@ impl FairQueue {
         // Fenced messages and (in a compacting queue) long ones go alone.
         let alone = q.fences.backward || q.fences.forward || (compact && data.len() >= MIN_RUN);
         q.groupable = need <= self.group_room && !alone;
-        let joins = q.groupable
-            && sq
-                .meta
-                .back()
-                .is_some_and(|t| t.takes(&q, need, self.group_room));
-        if !joins {
+        let room = self.group_room;
+        let mut tail = if q.groupable {
+            sq.meta.back_mut().filter(|t| t.takes(&q, need, room))
+        } else {
+            None
+        };
+        if tail.is_none() {
             admit().map_err(Refused::Admit)?;
         }
         let mut fl = 0u8;
@@ -542,15 +543,13 @@ impl FairQueue {
         }
         sq.data += data.len();
         sq.messages += 1;
-        if joins {
-            if let Some(t) = sq.meta.back_mut() {
-                if t.count == 1 {
-                    t.tag_step = u8::from(q.tag != t.tag);
-                }
-                t.count += 1;
-                t.len += need as u32;
-                return Ok(());
+        if let Some(t) = tail.take() {
+            if t.count == 1 {
+                t.tag_step = u8::from(q.tag != t.tag);
             }
+            t.count += 1;
+            t.len += need as u32;
+            return Ok(());
         }
         q.count = 1;
         q.tag_step = 0;
