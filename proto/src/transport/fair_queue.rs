@@ -10,9 +10,9 @@
 //! peer and service, same kind, no fence, room left, tags equal or counting up) joins that
 //! entry instead of taking one of its own: an entry is then a *group* whose bytes lie in
 //! the ring as one run of wire-form messages, the payload of the frame it will be, and the
-//! frame is built from it with per-entry, not per-message, work. Groups are cut exactly
-//! where framing would cut them (a frame takes whole entries from the head while they fit),
-//! so frames carry the same messages as when every message had an entry.
+//! frame is built from it with per-entry, not per-message, work. A frame takes whole entries
+//! from the head while they fit, then the first messages of the next group that fit, so it
+//! carries the same messages as when every message had an entry.
 //!
 //! Compacting queues (the simulator's: [`super::Config::compact_runs`]) hold a long message
 //! whose bytes are all one value as its header and that value: the bytes are written out,
@@ -274,13 +274,11 @@ impl ServiceQueue {
         let prefix_at = if plan.prefix == 0 {
             out.len()
         } else {
-            let n = self
-                .meta
+            self.meta
                 .iter()
                 .take(plan.entries)
                 .map(|m| MSG_HEADER_LEN + m.len as usize)
-                .sum();
-            n
+                .sum()
         };
         let declared = self.take_aggregated_declaring(plan.entries, &mut out[..prefix_at], declare);
         if plan.prefix > 0 {
