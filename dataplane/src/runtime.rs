@@ -957,13 +957,26 @@ impl Dataplane {
             }),
         ));
         let _ = shared.rmem.set(rm.clone());
+        // IP's interface, before the engines: each engine writes what arrives for IP into it.
+        let mut ip_service = match &shared.ip {
+            Some((ip, counters)) => {
+                let index = cfg.dims.index(coord);
+                Some(
+                    crate::ip::IpService::start(ip.clone(), index, counters.clone())
+                        .map_err(|e| StartError::Link(format!("IP interface {}: {e}", ip.name)))?,
+                )
+            }
+            None => None,
+        };
+        let ip_placer = ip_service.as_ref().map(crate::ip::IpService::placer);
         let mut pollers = Vec::new();
         for (shard, (umem, ports)) in umems.into_iter().zip(ports).enumerate() {
             let mut node = Node::new(coord, cfg.view.clone(), transport)
                 .map_err(|e| StartError::Engine(e.to_string()))?;
-            if cfg.ip.is_some() {
+            if let Some(placer) = &ip_placer {
                 // Room for a few dozen 64 KiB segments per peer before IP drops.
                 node.configure_service(crate::ip::IP, 1, 4 << 20);
+                node.set_placer(crate::ip::IP, Box::new(placer.clone()));
             }
             node.set_placer(
                 crate::rmem::RMEM,
@@ -1010,10 +1023,7 @@ impl Dataplane {
                 if let (Some(k), Some(counters)) = (&cfg.kv, &shared.kv) {
                     services.push(Box::new(kv_service(k, counters.clone())?));
                 }
-                if let Some((ip, counters)) = &shared.ip {
-                    let index = cfg.dims.index(coord);
-                    let svc = crate::ip::IpService::start(ip.clone(), index, counters.clone())
-                        .map_err(|e| StartError::Link(format!("IP interface {}: {e}", ip.name)))?;
+                if let Some(svc) = ip_service.take() {
                     services.push(Box::new(svc));
                 }
             }

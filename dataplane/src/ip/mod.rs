@@ -15,7 +15,10 @@
 //! were read, so TCP never sees the reordering striping causes. The destination's service
 //! writes the packet into its interface. A packet the transport cannot take now (its queue
 //! for the service is full) is dropped and counted, as a router drops on a full queue, and TCP
-//! backs off; small packets share frames (the transport's aggregation).
+//! backs off; small packets share frames (the transport's aggregation). A packet that arrives
+//! is written into the interface by the transport's placer for IP ([`IpPlacer`], on every
+//! poller's engine) as it is released in order, from the frame or the reassembled segment:
+//! not copied into the engine's inbox and again for the service first.
 
 pub mod addr;
 pub mod packet;
@@ -29,7 +32,8 @@ use serde::Serialize;
 use torusnet_proto::node::{Event, MsgOptions, Target};
 use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
-use torusnet_proto::transport::{Fences, SendError};
+use torusnet_proto::topology::Coord;
+use torusnet_proto::transport::{Fences, Placer, SendError};
 
 use self::addr::{Prefix4, Prefix6};
 use self::packet::{classify, Dest, VNET_HDR};
@@ -118,7 +122,7 @@ const BURST: usize = 64;
 /// The IP service of one server.
 #[derive(Debug)]
 pub struct IpService {
-    tun: Tun,
+    tun: Arc<Tun>,
     cfg: IpConfig,
     counters: Arc<IpCounters>,
     buf: Vec<u8>,
@@ -139,12 +143,21 @@ impl IpService {
             cfg.v6.map(|p| (p.addr(index), p.len)),
         )?;
         Ok(IpService {
-            tun,
+            tun: Arc::new(tun),
             cfg,
             counters,
             buf: vec![0u8; VNET_HDR + 128 * 1024],
             next_read: Time::ZERO,
         })
+    }
+
+    /// The placer that writes the packets arriving for IP into this service's interface,
+    /// for every poller's engine ([`torusnet_proto::node::Node::set_placer`]).
+    pub fn placer(&self) -> IpPlacer {
+        IpPlacer {
+            tun: self.tun.clone(),
+            counters: self.counters.clone(),
+        }
     }
 
     /// The counters with the addresses of server `index`.
@@ -240,23 +253,7 @@ impl Service for IpService {
                 data,
                 reliable: true,
                 ..
-            } => {
-                let version = data.get(VNET_HDR).map(|b| b >> 4);
-                if data.len() < VNET_HDR + 20 || !matches!(version, Some(4 | 6)) {
-                    add(&self.counters.malformed, 1);
-                    return;
-                }
-                match self.tun.write(data) {
-                    Ok(()) => {
-                        add(&self.counters.received, 1);
-                        add(
-                            &self.counters.received_bytes,
-                            (data.len() - VNET_HDR) as u64,
-                        );
-                    }
-                    Err(_) => add(&self.counters.write_errors, 1),
-                }
-            }
+            } => write_received(&self.tun, &self.counters, data),
             Event::Failed {
                 service: IP, tags, ..
             } => add(&self.counters.failed, tags.len() as u64),
@@ -304,5 +301,39 @@ impl Service for IpService {
 
     fn wake_fds(&self) -> Vec<i32> {
         vec![self.tun.fd()]
+    }
+}
+
+/// Writes a packet that arrived over the torus (vnet header first) into the interface, or
+/// counts why not.
+fn write_received(tun: &Tun, counters: &IpCounters, data: &[u8]) {
+    let version = data.get(VNET_HDR).map(|b| b >> 4);
+    if data.len() < VNET_HDR + 20 || !matches!(version, Some(4 | 6)) {
+        add(&counters.malformed, 1);
+        return;
+    }
+    match tun.write(data) {
+        Ok(()) => {
+            add(&counters.received, 1);
+            add(&counters.received_bytes, (data.len() - VNET_HDR) as u64);
+        }
+        Err(_) => add(&counters.write_errors, 1),
+    }
+}
+
+/// Takes the packets for IP straight from the frames (or the reassembled segment) they
+/// arrive in, as the transport releases them in order, and writes them into the interface:
+/// a 64 KiB segment was otherwise copied twice more on its way to the service (into the
+/// engine's inbox, then for the service). The service itself sees none of them.
+#[derive(Debug, Clone)]
+pub struct IpPlacer {
+    tun: Arc<Tun>,
+    counters: Arc<IpCounters>,
+}
+
+impl Placer for IpPlacer {
+    fn place(&mut self, _now: Time, _src: Coord, data: &[u8]) -> Option<Vec<u8>> {
+        write_received(&self.tun, &self.counters, data);
+        None
     }
 }
