@@ -160,3 +160,41 @@ fn messages_round_trip_and_garbage_is_refused() {
     lie.extend_from_slice(&u32::MAX.to_le_bytes());
     assert!(Msg::decode(&lie).is_none());
 }
+
+/// A root that for a moment can reach nobody (its own daemon starved, say: every other
+/// server looks unreachable from it) does not report a job over itself alone; once the others
+/// are back it finishes over all of them.
+#[test]
+fn a_root_cut_off_for_a_moment_waits_for_the_others() {
+    let dims = Dims::new(3, 3, 1).unwrap();
+    let mut net = Net::new(dims, |_| Aggregate::default());
+    let root = Coord::new(0, 0, 0);
+    let (tx, rx) = channel();
+    net.request(
+        root,
+        Box::new(AggRequest {
+            combiner: Combiner::Sum,
+            input: INPUT,
+            timeout: Duration::from_secs(5),
+            reply: tx,
+        }),
+    );
+    net.run(Time::from_nanos(20_000));
+    let others: Vec<Coord> = dims.coords().filter(|c| *c != root).collect();
+    for c in &others {
+        net.freeze(*c);
+    }
+    // Well past the time the view must hold before a result is final.
+    net.run(Time::from_nanos(1_000_000_000));
+    assert!(rx.try_recv().is_err(), "no result over the root alone");
+    for c in &others {
+        net.thaw(*c);
+    }
+    net.run(Time::from_nanos(20_000_000_000));
+    let v = rx.try_recv().expect("a result");
+    assert!(v.get("error").is_none(), "{v}");
+    assert_eq!(v["servers"], 9, "{v}");
+    let all: HashSet<Coord> = dims.coords().collect();
+    let want = oracle(dims, &INPUT, &Combiner::Sum, &all);
+    assert_eq!(v["digest"], format!("{:016x}", digest(&want)), "{v}");
+}
