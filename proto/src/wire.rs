@@ -732,58 +732,52 @@ impl<'a> Iterator for Messages<'a> {
         if self.failed || self.at >= self.payload.len() {
             return None;
         }
-        let rest = &self.payload[self.at..];
-        let overrun = WireError::MessageOverrun {
-            at: self.at,
-            len: self.payload.len(),
+        let (len, service, flags) = match message_at(self.payload, self.at) {
+            Ok(h) => h,
+            Err(e) => {
+                self.failed = true;
+                return Some(Err(e));
+            }
         };
-        if rest.len() < MSG_HEADER_LEN {
-            self.failed = true;
-            return Some(Err(overrun));
-        }
-        let len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
-        let service = u16::from_be_bytes([rest[2], rest[3]]);
-        let fl = rest[4];
-        if fl & !msg_flags::KNOWN != 0 || rest[5] != 0 {
-            self.failed = true;
-            return Some(Err(WireError::MessageReserved(self.at)));
-        }
-        let Some(data) = rest.get(MSG_HEADER_LEN..MSG_HEADER_LEN + len) else {
-            self.failed = true;
-            return Some(Err(overrun));
-        };
+        let data = &self.payload[self.at + MSG_HEADER_LEN..self.at + MSG_HEADER_LEN + len];
         self.at += MSG_HEADER_LEN + len;
         Some(Ok(Message {
             service,
-            flags: fl,
+            flags,
             data,
         }))
     }
 }
 
+/// The header of the message at `at` in an aggregated payload, checked: its length, service
+/// and flags, the message whole within the payload.
+#[inline]
+fn message_at(payload: &[u8], at: usize) -> Result<(usize, u16, u8), WireError> {
+    let overrun = || WireError::MessageOverrun {
+        at,
+        len: payload.len(),
+    };
+    let h = payload.get(at..at + MSG_HEADER_LEN).ok_or_else(overrun)?;
+    let len = usize::from(u16::from_be_bytes([h[0], h[1]]));
+    if h[4] & !msg_flags::KNOWN != 0 || h[5] != 0 {
+        return Err(WireError::MessageReserved(at));
+    }
+    if at + MSG_HEADER_LEN + len > payload.len() {
+        return Err(overrun());
+    }
+    Ok((len, u16::from_be_bytes([h[2], h[3]]), h[4]))
+}
+
 /// Checks every message of an aggregated payload, as iterating [`Messages`] over it would
-/// (the same first error), and returns how many there are and the union of their flags: a
-/// receiver that needs no more of them before accepting the frame reads each header once,
-/// without building the messages.
+/// (the same checks, the same first error), and returns how many there are and the union of
+/// their flags: a receiver that needs no more of them before accepting the frame reads each
+/// header once, without building the messages.
 pub fn check_messages(payload: &[u8]) -> Result<(u32, u8), WireError> {
     let (mut at, mut count, mut union) = (0usize, 0u32, 0u8);
     while at < payload.len() {
-        let overrun = WireError::MessageOverrun {
-            at,
-            len: payload.len(),
-        };
-        let Some(h) = payload.get(at..at + MSG_HEADER_LEN) else {
-            return Err(overrun);
-        };
-        let len = usize::from(u16::from_be_bytes([h[0], h[1]]));
-        if h[4] & !msg_flags::KNOWN != 0 || h[5] != 0 {
-            return Err(WireError::MessageReserved(at));
-        }
-        union |= h[4];
+        let (len, _, flags) = message_at(payload, at)?;
+        union |= flags;
         at += MSG_HEADER_LEN + len;
-        if at > payload.len() {
-            return Err(overrun);
-        }
         count += 1;
     }
     Ok((count, union))

@@ -9,57 +9,18 @@
 
 use std::collections::VecDeque;
 
+use super::tags::TagRun;
+
 /// Messages of one service framed whole into one frame (their last fragments are on the
-/// wire) and not yet acknowledged, whose tags are all one value or count up by one: an
-/// aggregated frame of a service's messages is one entry, not one per message (about a
-/// tenth of the transport's work per small message went to an entry each).
+/// wire) and not yet acknowledged, with tags that form one run: an aggregated frame of a
+/// service's messages is one record, not one per message (about a tenth of the transport's
+/// work per small message went to a record each).
 #[derive(Debug, Clone, Copy)]
 struct Sent {
-    first_tag: u64,
+    tags: TagRun,
     /// Sequence number of the frame that carries their last bytes.
     last_seq: u64,
-    count: u32,
     service: u16,
-    /// 0: every tag is `first_tag`; 1: they count up from it.
-    step: u8,
-}
-
-impl Sent {
-    fn last_tag(&self) -> u64 {
-        self.tag(self.count - 1)
-    }
-
-    fn tag(&self, k: u32) -> u64 {
-        if self.step == 0 {
-            self.first_tag
-        } else {
-            self.first_tag.wrapping_add(u64::from(k))
-        }
-    }
-
-    /// Whether `count` messages of `service` in frame `seq`, tagged from `first` by `step`,
-    /// continue this run, and with which step the two go on as one.
-    fn joins(&self, service: u16, first: u64, step: u8, count: u32, seq: u64) -> Option<u8> {
-        if self.service != service
-            || self.last_seq != seq
-            || self.count.checked_add(count).is_none()
-        {
-            return None;
-        }
-        let common = match (self.count > 1, count > 1) {
-            (true, true) if self.step != step => return None,
-            (true, _) => self.step,
-            (false, true) => step,
-            (false, false) => {
-                let d = first.wrapping_sub(self.first_tag);
-                if d > 1 {
-                    return None;
-                }
-                d as u8
-            }
-        };
-        (first == self.last_tag().wrapping_add(u64::from(common))).then_some(common)
-    }
 }
 
 /// Messages acknowledged by one ACK, for one service.
@@ -85,38 +46,26 @@ impl Completions {
     /// same frame.
     #[inline]
     pub fn on_framed(&mut self, service: u16, tag: u64, last_seq: u64) {
-        self.on_framed_run(service, tag, 0, 1, last_seq);
+        self.on_framed_run(service, TagRun::one(tag), last_seq);
     }
 
-    /// Records `count` messages of `service` whose last bytes went out in frame `last_seq`,
-    /// tagged from `first_tag` on, all alike (`step` 0) or counting up (1).
+    /// Records messages of `service` tagged `tags` whose last bytes went out in frame
+    /// `last_seq`.
     #[inline]
-    pub fn on_framed_run(
-        &mut self,
-        service: u16,
-        first_tag: u64,
-        step: u8,
-        count: u32,
-        last_seq: u64,
-    ) {
-        if count == 0 {
-            return;
-        }
+    pub fn on_framed_run(&mut self, service: u16, tags: TagRun, last_seq: u64) {
+        self.messages += tags.len() as usize;
         if let Some(b) = self.sent.back_mut() {
-            if let Some(common) = b.joins(service, first_tag, step, count, last_seq) {
-                b.step = common;
-                b.count += count;
-                self.messages += count as usize;
-                return;
+            if b.service == service && b.last_seq == last_seq {
+                if let Some(run) = b.tags.then(tags) {
+                    b.tags = run;
+                    return;
+                }
             }
         }
-        self.messages += count as usize;
         self.sent.push_back(Sent {
-            first_tag,
+            tags,
             last_seq,
-            count,
             service,
-            step: if count > 1 { step } else { 0 },
         });
     }
 
@@ -126,11 +75,9 @@ impl Completions {
     pub fn on_framed_alone(&mut self, service: u16, tag: u64, last_seq: u64) {
         self.messages += 1;
         self.sent.push_back(Sent {
-            first_tag: tag,
-            step: 0,
-            count: 1,
-            service,
+            tags: TagRun::one(tag),
             last_seq,
+            service,
         });
     }
 
@@ -142,22 +89,23 @@ impl Completions {
                 break;
             }
             self.sent.pop_front();
-            self.messages -= s.count as usize;
-            let last_tag = s.last_tag();
+            let count = s.tags.len();
+            self.messages -= count as usize;
+            let last_tag = s.tags.last();
             // Runs of one service are the common case: its entry is the last one.
             if let Some(r) = out.last_mut().filter(|r| r.service == s.service) {
-                r.count = r.count.saturating_add(s.count);
+                r.count = r.count.saturating_add(count);
                 r.last_tag = last_tag;
                 continue;
             }
             match out.iter_mut().find(|r| r.service == s.service) {
                 Some(r) => {
-                    r.count = r.count.saturating_add(s.count);
+                    r.count = r.count.saturating_add(count);
                     r.last_tag = last_tag;
                 }
                 None => out.push(AckedRun {
                     service: s.service,
-                    count: s.count,
+                    count,
                     last_tag,
                 }),
             }
@@ -169,7 +117,7 @@ impl Completions {
         self.messages = 0;
         self.sent
             .drain(..)
-            .flat_map(|s| (0..s.count).map(move |k| (s.service, s.tag(k))))
+            .flat_map(|s| (0..s.tags.len()).map(move |k| (s.service, s.tags.tag(k))))
     }
 
     /// Messages framed and not acknowledged.
@@ -245,16 +193,19 @@ mod tests {
                             }
                             1 => {
                                 // A run, as a queue's group hands them over.
-                                let step = rng.below(2) as u8;
-                                let count = rng.below(5) as u32;
-                                c.on_framed_run(service, tag, step, count, seq);
-                                for k in 0..count {
-                                    let t = tag.wrapping_add(u64::from(step) * u64::from(k));
+                                let step = rng.below(2);
+                                let count = 1 + rng.below(4) as u32;
+                                let mut run = TagRun::one(tag);
+                                for k in 1..count {
+                                    run = run
+                                        .then(TagRun::one(tag.wrapping_add(step * u64::from(k))))
+                                        .unwrap();
+                                }
+                                c.on_framed_run(service, run, seq);
+                                for t in run.iter() {
                                     model.push_back((service, t, seq));
                                 }
-                                if count > 0 {
-                                    tag = tag.wrapping_add(u64::from(step) * u64::from(count - 1));
-                                }
+                                tag = run.last();
                             }
                             _ => {
                                 c.on_framed(service, tag, seq);

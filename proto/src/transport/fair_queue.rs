@@ -27,6 +27,7 @@ use rustc_hash::FxHashMap;
 
 use super::byte_ring::ByteRing;
 use super::delivery::Fences;
+use super::tags::TagRun;
 use crate::byte_run::run_value;
 use crate::time::Time;
 use crate::topology::Coord;
@@ -35,13 +36,15 @@ use crate::wire::{self, msg_flags, MSG_HEADER_LEN};
 /// A message waiting in a service queue (its bytes sit in the queue's byte ring).
 #[derive(Debug, Clone, Copy)]
 pub struct Queued {
-    /// The sender's name for it (returned in its acknowledgement or failure report).
-    pub tag: u64,
+    /// The senders' names for its messages (returned in their acknowledgements or failure
+    /// reports): one tag, or a group's run of them.
+    pub tags: TagRun,
     /// The service it is for, at the destination (the queue is the sending service's).
     pub service: u16,
     /// The server it goes to.
     pub dest: Coord,
-    /// Its length in bytes.
+    /// Its length in bytes; for a group (more than one tag), its bytes in wire form less one
+    /// message header, so `MSG_HEADER_LEN + len` is what it takes in a frame either way.
     pub len: u32,
     /// Reliable (windowed, acknowledged) or short (best effort, one frame).
     pub reliable: bool,
@@ -52,12 +55,6 @@ pub struct Queued {
     /// Set by a compacting queue: every byte of the message is this value, and the queue
     /// holds its header only.
     pub run: Option<u8>,
-    /// Messages in the entry: more than one for a group, whose `len` is then its bytes in
-    /// wire form less one message header (so `MSG_HEADER_LEN + len` is what it takes in a
-    /// frame either way) and `tag` the first one's.
-    pub count: u32,
-    /// A group's tags: all `tag` (0), or counting up from it (1).
-    pub tag_step: u8,
     /// Whether messages may join it: it has no fence and no run, and fits a frame with
     /// its header (a message larger than that goes alone or in fragments, so an entry being
     /// sent in fragments never takes others).
@@ -65,34 +62,30 @@ pub struct Queued {
 }
 
 impl Queued {
-    /// The tag of the entry's message `k`.
-    pub fn tag_of(&self, k: u32) -> u64 {
-        if self.tag_step == 0 {
-            self.tag
-        } else {
-            self.tag.wrapping_add(u64::from(k))
-        }
+    /// Messages in the entry (more than one for a group).
+    pub fn count(&self) -> u32 {
+        self.tags.len()
     }
 
     /// Message bytes in the entry, headers not counted.
     fn body_bytes(&self) -> usize {
-        (self.len as usize).saturating_sub((self.count as usize - 1) * MSG_HEADER_LEN)
+        (self.len as usize).saturating_sub((self.count() as usize - 1) * MSG_HEADER_LEN)
     }
 
-    /// Whether message `m` (with `need` bytes in wire form, itself groupable) may join
-    /// this entry, in a frame of at most `room` payload bytes.
+    /// The tags of this entry with message `m` (with `need` bytes in wire form, itself
+    /// groupable) joined to it, if it may join, in a frame of at most `room` payload bytes.
     #[inline]
-    fn takes(&self, m: &Queued, need: usize, room: usize) -> bool {
-        self.groupable
+    fn takes(&self, m: &Queued, need: usize, room: usize) -> Option<TagRun> {
+        if self.groupable
             && self.dest == m.dest
             && self.service == m.service
             && self.reliable == m.reliable
             && MSG_HEADER_LEN + self.len as usize + need <= room
-            && if self.count == 1 {
-                m.tag.wrapping_sub(self.tag) <= 1
-            } else {
-                m.tag == self.tag_of(self.count)
-            }
+        {
+            self.tags.then(m.tags)
+        } else {
+            None
+        }
     }
 }
 
@@ -178,7 +171,7 @@ impl ServiceQueue {
     pub fn take_declaring(&mut self, out: &mut [u8], declare: bool) -> Option<(usize, u8)> {
         let n = out.len();
         let h = self.meta.front()?;
-        debug_assert_eq!(h.count, 1, "a group is taken whole, aggregated");
+        debug_assert_eq!(h.count(), 1, "a group is taken whole, aggregated");
         let run = h.run;
         let len = h.len;
         if self.progress.sent == 0 {
@@ -228,8 +221,8 @@ impl ServiceQueue {
             if p.bytes + need <= room {
                 p.bytes += need;
                 p.entries += 1;
-                p.messages += m.count;
-                visit(m, m.count);
+                p.messages += m.count();
+                visit(m, m.count());
                 ring_at += if m.run.is_some() {
                     MSG_HEADER_LEN
                 } else {
@@ -237,10 +230,10 @@ impl ServiceQueue {
                 };
                 continue;
             }
-            if m.count > 1 {
+            if m.count() > 1 {
                 // The group's first messages, read header by header from the ring.
                 let (mut at, mut k) = (ring_at, 0);
-                while k < m.count {
+                while k < m.count() {
                     let mut h = [0u8; 2];
                     self.bytes.peek(at, &mut h);
                     let w = MSG_HEADER_LEN + usize::from(u16::from_be_bytes(h));
@@ -285,12 +278,8 @@ impl ServiceQueue {
             let taken = out.len() - prefix_at;
             self.bytes.take(&mut out[prefix_at..]);
             if let Some(g) = self.meta.front_mut() {
-                g.count -= plan.prefix;
+                g.tags = g.tags.tail(plan.prefix);
                 g.len -= taken as u32;
-                g.tag = g.tag_of(plan.prefix);
-                if g.count == 1 {
-                    g.tag_step = 0;
-                }
             }
             self.data -= (taken - plan.prefix as usize * MSG_HEADER_LEN).min(self.data);
             self.messages -= plan.prefix as usize;
@@ -340,7 +329,12 @@ impl ServiceQueue {
                 at = end;
             }
         }
-        let messages: usize = self.meta.iter().take(count).map(|m| m.count as usize).sum();
+        let messages: usize = self
+            .meta
+            .iter()
+            .take(count)
+            .map(|m| m.count() as usize)
+            .sum();
         self.data -= (out.len() - messages * MSG_HEADER_LEN).min(self.data);
         self.messages -= messages;
         self.meta.drain(..count);
@@ -506,7 +500,9 @@ impl FairQueue {
         q.groupable = need <= self.group_room && !alone;
         let room = self.group_room;
         let mut tail = if q.groupable {
-            sq.meta.back_mut().filter(|t| t.takes(&q, need, room))
+            sq.meta
+                .back_mut()
+                .and_then(|t| t.takes(&q, need, room).map(|tags| (t, tags)))
         } else {
             None
         };
@@ -541,16 +537,11 @@ impl FairQueue {
         }
         sq.data += data.len();
         sq.messages += 1;
-        if let Some(t) = tail.take() {
-            if t.count == 1 {
-                t.tag_step = u8::from(q.tag != t.tag);
-            }
-            t.count += 1;
+        if let Some((t, tags)) = tail.take() {
+            t.tags = tags;
             t.len += need as u32;
             return Ok(());
         }
-        q.count = 1;
-        q.tag_step = 0;
         sq.meta.push_back(q);
         Ok(())
     }
@@ -623,9 +614,9 @@ impl FairQueue {
                     if i == 0 {
                         q.progress = HeadProgress::default();
                     }
-                    out.extend((0..m.count).map(|k| (q.service, m.tag_of(k))));
+                    out.extend(m.tags.iter().map(|t| (q.service, t)));
                     q.bytes.skip(n);
-                    q.messages -= m.count as usize;
+                    q.messages -= m.count() as usize;
                     let rest = m.body_bytes() - sent as usize;
                     q.data -= rest.min(q.data);
                     if m.run.is_some() {
@@ -652,7 +643,7 @@ mod tests {
 
     fn msg(len: u32) -> Queued {
         Queued {
-            tag: 0,
+            tags: TagRun::one(0),
             service: 1,
             dest: Coord::new(1, 0, 0),
             len,
@@ -660,8 +651,6 @@ mod tests {
             fences: Fences::default(),
             enqueued: Time::ZERO,
             run: None,
-            count: 1,
-            tag_step: 0,
             groupable: false,
         }
     }
@@ -711,7 +700,7 @@ mod tests {
         let mut fq = FairQueue::new(1000);
         let to = |x: u16, tag: u64, len: u32| Queued {
             dest: Coord::new(x, 0, 0),
-            tag,
+            tags: TagRun::one(tag),
             ..msg(len)
         };
         fq.push(1, to(1, 10, 5), b"hello").unwrap();
@@ -756,7 +745,7 @@ mod tests {
                     }
                     let q = Queued {
                         dest: Coord::new(rng.below(3) as u16, 0, 0),
-                        tag: step,
+                        tags: TagRun::one(step),
                         len: len as u32,
                         ..msg(0)
                     };
@@ -869,7 +858,7 @@ mod tests {
                             service: like.1,
                             reliable: like.2,
                             fences,
-                            tag,
+                            tags: TagRun::one(tag),
                             len: len as u32,
                             ..msg(0)
                         };
@@ -883,17 +872,20 @@ mod tests {
                         let (a, b) = (single.queue_mut(0), grouped.queue_mut(0));
                         let Some(h) = a.head().copied() else { continue };
                         let bh = b.head().copied().unwrap();
-                        assert_eq!((h.dest, h.reliable, h.tag), (bh.dest, bh.reliable, bh.tag));
-                        groups_seen += usize::from(bh.count > 1);
+                        assert_eq!(
+                            (h.dest, h.reliable, h.tags.first()),
+                            (bh.dest, bh.reliable, bh.tags.first())
+                        );
+                        groups_seen += usize::from(bh.count() > 1);
                         if a.head_progress().sent == 0 && MSG_HEADER_LEN + h.len as usize <= ROOM {
                             // An aggregated frame.
                             let mut ta: Vec<(u64, bool)> = Vec::new();
                             let mut tb: Vec<(u64, bool)> = Vec::new();
                             let pa = a.plan_aggregate(ROOM, |m, k| {
-                                ta.extend((0..k).map(|i| (m.tag_of(i), m.fences.forward)))
+                                ta.extend(m.tags.head(k).iter().map(|t| (t, m.fences.forward)))
                             });
                             let pb = b.plan_aggregate(ROOM, |m, k| {
-                                tb.extend((0..k).map(|i| (m.tag_of(i), m.fences.forward)))
+                                tb.extend(m.tags.head(k).iter().map(|t| (t, m.fences.forward)))
                             });
                             assert_eq!(
                                 (pa.messages, pa.bytes),

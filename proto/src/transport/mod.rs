@@ -40,6 +40,7 @@ pub mod receiver;
 pub mod sender;
 pub mod seqnum;
 pub mod stripe;
+pub mod tags;
 
 use std::collections::VecDeque;
 
@@ -60,6 +61,7 @@ use lifecycle::{LifecycleConfig, SyncOutcome};
 use pacing::RxPacing;
 use receiver::{Arrival, RecvConfig};
 use sender::SendConfig;
+use tags::TagRun;
 
 use crate::rng::SplitMix64;
 use crate::time::Time;
@@ -871,7 +873,7 @@ impl Transport {
             });
         }
         let q = Queued {
-            tag: m.tag,
+            tags: TagRun::one(m.tag),
             service: m.service,
             dest: m.dest,
             len: m.data.len() as u32,
@@ -883,8 +885,6 @@ impl Transport {
             },
             enqueued: now,
             run,
-            count: 1,
-            tag_step: 0,
             groupable: false,
         };
         // The connection is looked up only for a message that opens a queue entry: one that
@@ -1860,7 +1860,7 @@ fn build_data_frame(
                 // Fenced messages are never grouped: this one is `msn`.
                 conn.last_fwd = Some(msn);
             }
-            conn.sent.on_framed_run(from, m.tag, m.tag_step, k, seq);
+            conn.sent.on_framed_run(from, m.tags.head(k), seq);
         });
         // The messages wait in wire form: the run is one copy.
         q.take_planned(&plan, &mut payload[..plan.bytes], false);
@@ -1881,7 +1881,7 @@ fn build_data_frame(
         conn.queued = conn.queued.saturating_sub(1);
         let msn = conn.next_msn;
         conn.next_msn += 1;
-        conn.sent.on_framed_alone(from, head.tag, seq);
+        conn.sent.on_framed_alone(from, head.tags.first(), seq);
         h.flags |= flags::FRAG_FIRST | flags::FRAG_LAST | fence_flags(head.fences);
         h.msn = seqnum::truncate(msn);
         h.fence = fence_distance(msn, conn.last_fwd);
@@ -1913,7 +1913,7 @@ fn build_data_frame(
             h.flags |= flags::FRAG_LAST;
             messages = 1;
             conn.queued = conn.queued.saturating_sub(1);
-            conn.sent.on_framed_alone(from, head.tag, seq);
+            conn.sent.on_framed_alone(from, head.tags.first(), seq);
         }
         h.flags |= fence_flags(head.fences);
         h.msn = seqnum::truncate(msn);
