@@ -776,6 +776,8 @@ fn stats(ctx: &Ctx, arg: Option<&str>, out: &mut Vec<u8>) {
     line("evictions", k.cache_evictions.to_string());
     line("torus_timeouts", k.timeouts.to_string());
     line("torus_retries", k.retries.to_string());
+    line("torus_slow_ops", k.slow_ops.to_string());
+    line("torus_slowest_op_us", k.slowest_op_us.to_string());
     line("torus_cache_hits", k.cache_hits.to_string());
     line("torus_cache_misses", k.cache_misses.to_string());
     line("torus_cache_items", k.cache_items.to_string());

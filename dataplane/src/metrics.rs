@@ -28,6 +28,11 @@ fn is_counter(k: &str) -> bool {
             | "reachable"
             | "unreachable"
             | "srtt_us"
+            | "bytes"
+            | "cache_items"
+            | "cache_bytes"
+            | "caught_up"
+            | "slowest_op_us"
     ) && !k.ends_with("_now")
 }
 

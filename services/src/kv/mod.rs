@@ -188,6 +188,8 @@ pub struct KvCounters {
     caught_up: AtomicU64,
     flushes: AtomicU64,
     refused: AtomicU64,
+    slow_ops: AtomicU64,
+    slowest_op_us: AtomicU64,
 }
 
 /// A snapshot of [`KvCounters`].
@@ -243,6 +245,12 @@ pub struct KvStats {
     pub flushes: u64,
     /// Writes refused (out of memory).
     pub refused: u64,
+    /// Operations of this server's clients answered after more than [`SLOW_OP`] (a view
+    /// change, a holder that did not answer a fetch or a copy in time).
+    pub slow_ops: u64,
+    /// The longest any operation of this server's clients took to be answered, answers by
+    /// the deadline included, in microseconds.
+    pub slowest_op_us: u64,
 }
 
 impl KvCounters {
@@ -251,6 +259,9 @@ impl KvCounters {
     }
     fn set(c: &AtomicU64, n: u64) {
         c.store(n, Ordering::Relaxed);
+    }
+    fn max(c: &AtomicU64, n: u64) {
+        c.fetch_max(n, Ordering::Relaxed);
     }
 
     /// The counters now.
@@ -282,6 +293,8 @@ impl KvCounters {
             caught_up: g(&self.caught_up),
             flushes: g(&self.flushes),
             refused: g(&self.refused),
+            slow_ops: g(&self.slow_ops),
+            slowest_op_us: g(&self.slowest_op_us),
         }
     }
 }
@@ -291,6 +304,9 @@ pub fn routing_key(key: &[u8]) -> u64 {
     Key::from_bytes(key).routing_key()
 }
 
+/// An operation answered later than this is counted slow: a client with memcached's usual
+/// timeouts (a second or two) may have given up on it.
+pub const SLOW_OP: Duration = Duration::from_secs(1);
 /// How long a server retries after a redirect or a failed send (the view is changing).
 const RETRY: Duration = Duration::from_millis(20);
 /// How often expired items and old tombstones are dropped.

@@ -11,7 +11,7 @@ use torusnet_proto::topology::Coord;
 
 use super::ops::{Op, Outcome};
 use super::wire::Msg;
-use super::{cache, routing_key, Kv, KvCounters, KvError, KvReply, Waits, RETRY};
+use super::{cache, routing_key, Kv, KvCounters, KvError, KvReply, Waits, RETRY, SLOW_OP};
 
 /// An operation in flight.
 #[derive(Debug)]
@@ -20,6 +20,7 @@ pub(super) struct Pending {
     kh: u64,
     op: Op,
     reply: Sender<KvReply>,
+    submitted: Time,
     deadline: Time,
     sent_to: Option<Coord>,
     retry_at: Option<Time>,
@@ -84,6 +85,7 @@ impl Kv {
                 kh,
                 op,
                 reply,
+                submitted: now,
                 deadline: now + self.cfg.op_timeout,
                 sent_to: None,
                 retry_at: None,
@@ -135,10 +137,20 @@ impl Kv {
             (Op::Get | Op::GetAndTouch(_), _) => KvCounters::add(&self.counters.misses, 1),
             _ => {}
         }
+        self.took(now, &p);
         let _ = p.reply.send(KvReply {
             result: Ok(outcome),
             now,
         });
+    }
+
+    /// Records how long an operation took to be answered.
+    fn took(&self, now: Time, p: &Pending) {
+        let d = now.since(p.submitted);
+        KvCounters::max(&self.counters.slowest_op_us, d.as_micros() as u64);
+        if d > SLOW_OP {
+            KvCounters::add(&self.counters.slow_ops, 1);
+        }
     }
 
     /// Operation `id` was redirected, or its send failed: try again shortly.
@@ -204,6 +216,7 @@ impl Kv {
         for id in expired {
             if let Some(p) = self.requests.pending.remove(&id) {
                 KvCounters::add(&self.counters.timeouts, 1);
+                self.took(now, &p);
                 let _ = p.reply.send(KvReply {
                     result: Err(KvError::Timeout),
                     now,

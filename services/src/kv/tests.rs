@@ -565,11 +565,23 @@ fn operations_end_by_their_deadline_when_no_server_answers() {
         .map(|k| format!("far{k}"))
         .find(|k| net.with(0, |_, e| e.key_root(super::routing_key(k.as_bytes()))) != Some(a))
         .unwrap_or_default();
+    // A quick answer first: not slow.
+    net.set(a, key.as_bytes(), b"v");
+    let quick = net.stats(0);
+    assert_eq!(quick.slow_ops, 0);
+    assert!(quick.slowest_op_us < 1000, "{quick:?}");
     net.silent[1] = true;
     let rx = net.submit(a, key.as_bytes(), Op::Get);
     net.run(net.cfg.op_timeout + Duration::from_millis(10));
     let r = rx.try_recv().map(|r| r.result);
     assert_eq!(r, Ok(Err(super::KvError::Timeout)));
+    // The timed-out operation is the slowest, counted slow.
+    let s = net.stats(0);
+    assert_eq!((s.timeouts, s.slow_ops), (1, 1), "{s:?}");
+    assert!(
+        s.slowest_op_us >= net.cfg.op_timeout.as_micros() as u64,
+        "{s:?}"
+    );
 }
 
 #[test]
