@@ -80,6 +80,7 @@ typedef struct {
 #define TORUS_SILENT         3
 #define TORUS_UNREACHABLE    4
 #define TORUS_REFUSED        5
+#define TORUS_NO_SERVICE     6  /* no application at the peer takes it (not attached) */
 
 typedef struct {
     int kind;

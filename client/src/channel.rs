@@ -227,6 +227,8 @@ pub mod reason {
     pub const UNREACHABLE: u8 = 4;
     /// Refused (too large, malformed, too many peers).
     pub const REFUSED: u8 = 5;
+    /// No service at the peer takes it (the application is not, or no longer, attached).
+    pub const NO_SERVICE: u8 = 6;
 }
 
 /// App message kinds, in the 4-byte header torusd puts before every app message on the torus.

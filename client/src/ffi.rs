@@ -362,6 +362,7 @@ fn fill(ev: &mut torus_event, e: &Event) -> Option<Vec<u8>> {
         FailReason::Silent => 3,
         FailReason::Unreachable => 4,
         FailReason::Refused => 5,
+        FailReason::NoService => 6,
     };
     match e {
         Event::Message {

@@ -126,6 +126,8 @@ pub enum FailReason {
     Unreachable,
     /// Refused (too large, malformed, too many peers).
     Refused,
+    /// No service at the peer takes it (the application is not, or no longer, attached).
+    NoService,
 }
 
 impl FailReason {
@@ -135,6 +137,7 @@ impl FailReason {
             channel::reason::PEER_RESET => FailReason::PeerReset,
             channel::reason::SILENT => FailReason::Silent,
             channel::reason::UNREACHABLE => FailReason::Unreachable,
+            channel::reason::NO_SERVICE => FailReason::NoService,
             _ => FailReason::Refused,
         }
     }

@@ -367,6 +367,7 @@ impl Poller {
         for (i, svc) in services.iter().enumerate() {
             for id in svc.ids() {
                 self.service_of.insert(*id, i);
+                self.shared.hosted.host(*id);
             }
         }
         self.services = services;

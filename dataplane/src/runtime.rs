@@ -374,6 +374,12 @@ pub struct TransportStatus {
     pub broken: u64,
     /// Messages reported failed to their services.
     pub failed_messages: u64,
+    /// Reliable messages refused here because no service takes them (their senders told).
+    pub refused_no_service: u64,
+    /// Messages of services here that a peer refused (no service there): reported failed.
+    pub refused_by_peers: u64,
+    /// Refusals that could not be matched to a message's tag, or not sent.
+    pub notices_unmatched: u64,
     /// Peers with a connection.
     pub peers: u64,
 }
@@ -397,6 +403,9 @@ impl TransportStatus {
             resets: s.resets,
             broken: s.broken,
             failed_messages: s.failed_messages,
+            refused_no_service: s.refused_no_service,
+            refused_by_peers: s.refused_by_peers,
+            notices_unmatched: s.notices_unmatched,
             peers,
         }
     }
@@ -423,6 +432,10 @@ pub struct Shared {
     pub links: Vec<LinkInfo>,
     pub(crate) services: Mutex<HashMap<u16, Arc<Inbox>>>,
     pub(crate) services_version: AtomicU64,
+    /// Every service id something here takes (built-in and embedded services, attached
+    /// applications): the transports refuse reliable messages for the others and tell
+    /// their senders.
+    pub(crate) hosted: Arc<torusnet_proto::transport::HostedServices>,
     pub(crate) shutdown: AtomicBool,
     /// Applications attached from their own processes.
     pub apps: crate::apps::AppsRegistry,
@@ -717,6 +730,9 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         a.resets += b.resets;
         a.broken += b.broken;
         a.failed_messages += b.failed_messages;
+        a.refused_no_service += b.refused_no_service;
+        a.refused_by_peers += b.refused_by_peers;
+        a.notices_unmatched += b.notices_unmatched;
         a.peers += b.peers;
         total.forwarded += s.forwarded;
         total.key_delivered += s.key_delivered;
@@ -928,6 +944,7 @@ impl Dataplane {
             links: infos,
             services: Mutex::new(HashMap::new()),
             services_version: AtomicU64::new(0),
+            hosted: Arc::default(),
             shutdown: AtomicBool::new(false),
             apps: crate::apps::AppsRegistry::default(),
             shards,
@@ -982,6 +999,7 @@ impl Dataplane {
                 crate::rmem::RMEM,
                 Box::new(crate::rmem::RmemPlacer(rm.clone())),
             );
+            node.set_hosted(Some(shared.hosted.clone()));
             node.configure_service(crate::rmem::RMEM, 1, 8 << 20);
             if let Some(on) = cfg.routing.source {
                 node.enable_source_routing(cfg.routing.bsr);
@@ -1122,6 +1140,7 @@ impl Dataplane {
             .or_insert_with(|| Arc::new(Inbox::new().expect("an eventfd for the inbox")))
             .clone();
         self.shared.services_version.fetch_add(1, Ordering::Release);
+        self.shared.hosted.host(id);
         Service {
             id,
             shared: self.shared.clone(),

@@ -1030,6 +1030,13 @@ impl Node {
         self.transport.notify_acks(service, on);
     }
 
+    /// The services this server hosts: reliable messages for others are refused and their
+    /// senders told (see [`crate::transport::notice`]). `None`: every service counts as
+    /// hosted.
+    pub fn set_hosted(&mut self, hosted: Option<std::sync::Arc<crate::transport::HostedServices>>) {
+        self.transport.set_hosted(hosted);
+    }
+
     /// Key-routed messages waiting to be put on a link (they die with the server if it
     /// fails now).
     pub fn queued_key_messages(&self) -> usize {

@@ -769,18 +769,19 @@ fn message_at(payload: &[u8], at: usize) -> Result<(usize, u16, u8), WireError> 
 }
 
 /// Checks every message of an aggregated payload, as iterating [`Messages`] over it would
-/// (the same checks, the same first error), and returns how many there are and the union of
-/// their flags: a receiver that needs no more of them before accepting the frame reads each
-/// header once, without building the messages.
-pub fn check_messages(payload: &[u8]) -> Result<(u32, u8), WireError> {
-    let (mut at, mut count, mut union) = (0usize, 0u32, 0u8);
+/// (the same checks, the same first error), and returns how many there are, the union of
+/// their flags and whether one is for service `watch`: a receiver that needs no more of
+/// them before accepting the frame reads each header once, without building the messages.
+pub fn check_messages(payload: &[u8], watch: u16) -> Result<(u32, u8, bool), WireError> {
+    let (mut at, mut count, mut union, mut seen) = (0usize, 0u32, 0u8, false);
     while at < payload.len() {
-        let (len, _, flags) = message_at(payload, at)?;
+        let (len, service, flags) = message_at(payload, at)?;
         union |= flags;
+        seen |= service == watch;
         at += MSG_HEADER_LEN + len;
         count += 1;
     }
-    Ok((count, union))
+    Ok((count, union, seen))
 }
 
 /// Writes a message header (length, service, flags) at the start of `buf`, which must hold
@@ -910,8 +911,8 @@ pub fn check_untrusted_messages(data: &[u8]) {
 #[cfg(test)]
 mod tests {
 
-    /// `check_messages` finds what iterating the messages finds: the same count and flags
-    /// on a good payload, the same first error on a bad one.
+    /// `check_messages` finds what iterating the messages finds: the same count, flags and
+    /// sighting of the watched service on a good payload, the same first error on a bad one.
     #[test]
     fn checking_messages_agrees_with_iterating_them() {
         let mut rng = crate::rng::SplitMix64::new(4);
@@ -921,6 +922,7 @@ mod tests {
             while at + MSG_HEADER_LEN <= p.len() && rng.below(8) != 0 {
                 let len = rng.below(12) as usize;
                 p[at..at + 2].copy_from_slice(&(len as u16).to_be_bytes());
+                p[at + 2..at + 4].copy_from_slice(&(rng.below(3) as u16 + 62).to_be_bytes());
                 p[at + 4] =
                     [0, msg_flags::BWD_FENCE, msg_flags::FWD_FENCE, 0x80][rng.below(4) as usize];
                 p[at + 5] = u8::from(rng.below(30) == 0);
@@ -933,12 +935,13 @@ mod tests {
                     }
                 }
             }
-            let mut want = Ok((0u32, 0u8));
+            let mut want = Ok((0u32, 0u8, false));
             for m in Messages::new(&p) {
                 match (m, &mut want) {
-                    (Ok(m), Ok((n, f))) => {
+                    (Ok(m), Ok((n, f, seen))) => {
                         *n += 1;
                         *f |= m.flags;
+                        *seen |= m.service == 63;
                     }
                     (Err(e), _) => {
                         want = Err(e);
@@ -947,7 +950,7 @@ mod tests {
                     _ => {}
                 }
             }
-            assert_eq!(check_messages(&p), want, "{p:?}");
+            assert_eq!(check_messages(&p, 63), want, "{p:?}");
         }
     }
     use super::*;

@@ -336,3 +336,74 @@ fn placers_take_their_messages_in_delivery_order() {
     );
     assert_eq!(*seen.lock().unwrap(), [vec![4]]);
 }
+
+/// A reliable message for a service the receiver does not host is not delivered there: the
+/// receiver's transport names it to the sender's, which reports it failed (`NoService`) with
+/// its tag to the service that sent it, whether it was aggregated with messages that were
+/// delivered or fragmented over frames.
+#[test]
+fn messages_for_services_nobody_hosts_are_reported_to_their_senders() {
+    use std::sync::Arc;
+    use torusnet_proto::transport::{FailReason, HostedServices};
+    let (mut a, mut b) = pair(Config::default());
+    let hosted = Arc::new(HostedServices::new());
+    hosted.host(5);
+    b.set_hosted(Some(hosted.clone()));
+    let t = Time::ZERO;
+    let send = |a: &mut Transport, from: u16, service: u16, data: &[u8], tag: u64| {
+        let m = Outgoing {
+            from,
+            tag,
+            ..msg(data, service)
+        };
+        a.send(t, m).unwrap();
+    };
+    for (service, data, tag) in [
+        (5u16, b"a", 10u64),
+        (9, b"b", 11),
+        (9, b"c", 12),
+        (5, b"d", 13),
+    ] {
+        send(&mut a, 1, service, data, tag);
+    }
+    send(&mut a, 2, 9, &[7u8; 4000], 20);
+    pump(&mut a, &mut b, t);
+    assert_eq!(
+        messages(&mut b),
+        [(5, b"a".to_vec()), (5, b"d".to_vec())],
+        "only the hosted service's messages are delivered"
+    );
+    assert_eq!(b.stats().refused_no_service, 3);
+    let failed: Vec<(u16, Vec<u64>, FailReason)> = std::iter::from_fn(|| a.poll_event())
+        .filter_map(|e| match e {
+            Event::Failed {
+                peer,
+                service,
+                tags,
+                reason,
+            } => {
+                assert_eq!(peer, B);
+                Some((service, tags, reason))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            (1, vec![11, 12], FailReason::NoService),
+            (2, vec![20], FailReason::NoService)
+        ]
+    );
+    assert_eq!(
+        (a.stats().refused_by_peers, a.stats().notices_unmatched),
+        (3, 0)
+    );
+
+    // Once the service is there, its messages are delivered and nothing fails.
+    hosted.host(9);
+    send(&mut a, 1, 9, b"e", 14);
+    pump(&mut a, &mut b, t);
+    assert_eq!(messages(&mut b), [(9, b"e".to_vec())]);
+    assert!(std::iter::from_fn(|| a.poll_event()).all(|e| !matches!(e, Event::Failed { .. })));
+}

@@ -396,6 +396,66 @@ fn applications_in_three_languages_across_the_torus() {
     }
     drop(many);
 
+    // A reliable message for an application that is no longer attached: refused at its
+    // server and reported failed to its sender, with its tag (nothing vanishes).
+    {
+        let gone = Client::attach(&s_there, "gone-soon").expect("attach gone-soon");
+        let to = gone.address();
+        wait_attached(&t, there, "gone-soon");
+        drop(gone);
+        let start = Instant::now();
+        while apps_at(&t, there)
+            .iter()
+            .any(|a| a["name"] == json!("gone-soon"))
+        {
+            assert!(start.elapsed() < Duration::from_secs(10), "gone-soon stays");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let sender = Client::attach(&s_here, "to-the-gone").expect("attach to-the-gone");
+        let tag = sender
+            .send(Dest::Service(to), b"anyone there?", SendOptions::reliable())
+            .expect("send to an address nobody holds");
+        let until = Instant::now() + Duration::from_secs(10);
+        let failed = loop {
+            assert!(
+                Instant::now() < until,
+                "no report for a message nobody took"
+            );
+            match sender.recv(Wait::Timeout(Duration::from_secs(1))).unwrap() {
+                Some(Event::Failed {
+                    peer,
+                    tag: t,
+                    reason,
+                }) => break (peer, t, reason),
+                _ => continue,
+            }
+        };
+        assert_eq!(
+            failed,
+            ((1, 1, 1), tag, torusnet_client::FailReason::NoService)
+        );
+        // The transports' own service id is not an application's to send to.
+        let notices = Address {
+            server: (1, 1, 1),
+            service: 63,
+        };
+        let tag = sender
+            .send(Dest::Service(notices), b"forged", SendOptions::reliable())
+            .expect("a send torusd refuses later");
+        let until = Instant::now() + Duration::from_secs(10);
+        let refused = loop {
+            assert!(
+                Instant::now() < until,
+                "no report for a message to service 63"
+            );
+            match sender.recv(Wait::Timeout(Duration::from_secs(1))).unwrap() {
+                Some(Event::Failed { tag: t, reason, .. }) => break (t, reason),
+                _ => continue,
+            }
+        };
+        assert_eq!(refused, (tag, torusnet_client::FailReason::Refused));
+    }
+
     // An application that stops reading: a flood for it is dropped beyond its bounds and
     // reported to it; torusd and the others keep serving.
     {

@@ -24,7 +24,7 @@ use torusnet_proto::node::{Event, MsgOptions, Target};
 use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
-use torusnet_proto::transport::{FailReason, Fences, SendError};
+use torusnet_proto::transport::{FailReason, Fences, SendError, NOTICES};
 
 use super::{AppInfo, NewApp};
 use crate::runtime::Shared;
@@ -110,12 +110,21 @@ impl AppsHost {
     }
 
     fn reindex(&mut self) {
+        let old = std::mem::take(&mut self.by_service);
         self.by_service = self
             .apps
             .iter()
             .enumerate()
             .map(|(i, a)| (a.info.service, i))
             .collect();
+        // The transports refuse (and report to the sender) messages for an application
+        // that is not, or no longer, attached.
+        for id in old.keys().filter(|id| !self.by_service.contains_key(id)) {
+            self.shared.hosted.unhost(*id);
+        }
+        for id in self.by_service.keys() {
+            self.shared.hosted.host(*id);
+        }
     }
 
     fn adopt(&mut self) -> usize {
@@ -426,7 +435,14 @@ impl AppsHost {
         node: &mut dyn Engine,
         o: Outgoing,
     ) -> Result<(), Outgoing> {
-        match node.send(now, o.target, o.service, &o.data, o.opts) {
+        // The transports' notices have a service id of their own: a message an application
+        // addressed to it could pass for one, so it is refused here.
+        let sent = if o.service == NOTICES {
+            Err(SendError::Reserved(NOTICES))
+        } else {
+            node.send(now, o.target, o.service, &o.data, o.opts)
+        };
+        match sent {
             Ok(()) => {
                 if self.spare.len() < 64 {
                     self.spare.push(o.data);
@@ -641,6 +657,7 @@ fn reason_code(r: FailReason) -> u8 {
         FailReason::Silent => reason::SILENT,
         FailReason::Unreachable => reason::UNREACHABLE,
         FailReason::Refused => reason::REFUSED,
+        FailReason::NoService => reason::NO_SERVICE,
     }
 }
 

@@ -39,6 +39,9 @@ pub enum FailReason {
     /// The engine refused the message (too large, too many peers) after the application's
     /// send had returned.
     Refused,
+    /// The peer took the message but no service there does (not, or no longer, hosted):
+    /// its transport said so. This can follow the message's acknowledgement.
+    NoService,
 }
 
 impl FailReason {
@@ -50,6 +53,7 @@ impl FailReason {
             FailReason::Silent => "silent",
             FailReason::Unreachable => "unreachable",
             FailReason::Refused => "refused",
+            FailReason::NoService => "no_service",
         }
     }
 }
@@ -62,6 +66,7 @@ impl std::fmt::Display for FailReason {
             FailReason::Silent => "the peer made no progress in time",
             FailReason::Unreachable => "the peer is unreachable",
             FailReason::Refused => "the engine refused the message",
+            FailReason::NoService => "no service at the peer takes it",
         })
     }
 }

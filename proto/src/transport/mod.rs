@@ -31,9 +31,11 @@ pub mod completion;
 pub mod connection;
 pub mod delivery;
 pub mod fair_queue;
+pub mod hosted;
 pub mod inbox;
 pub mod kept;
 pub mod lifecycle;
+pub mod notice;
 pub mod pacing;
 pub mod pool;
 pub mod receiver;
@@ -52,12 +54,14 @@ use connection::{ConnConfig, Connection};
 pub use delivery::Fences;
 use delivery::{DeliveryError, Release};
 use fair_queue::{FairQueue, Queued, Refused};
+pub use hosted::HostedServices;
 pub use inbox::EventRef;
 use inbox::Inbox;
 use kept::KeptFrame;
 pub use kept::{Keep, KeptFrames};
 pub use lifecycle::FailReason;
 use lifecycle::{LifecycleConfig, SyncOutcome};
+pub use notice::NOTICES;
 use pacing::RxPacing;
 use receiver::{Arrival, RecvConfig};
 use sender::SendConfig;
@@ -284,6 +288,12 @@ pub enum SendError {
     /// A new peer beyond `max_peers`.
     #[error("too many peers")]
     TooManyPeers,
+    /// The service id is the transport's own ([`NOTICES`]): refused where messages from
+    /// outside torusd enter (an application's). The transport does not look: every service
+    /// inside torusd is its own code, and a check per message cost 7-10 instructions of its
+    /// fast path.
+    #[error("service {0} is reserved for the transport")]
+    Reserved(u16),
 }
 
 /// Why a frame handed to [`Transport::handle_frame`] was dropped. The transport's state is
@@ -460,6 +470,15 @@ pub struct Stats {
     pub broken: u64,
     /// Messages reported failed to their services.
     pub failed_messages: u64,
+    /// Reliable messages refused here because no service takes them (their senders are
+    /// sent a notice).
+    pub refused_no_service: u64,
+    /// Messages of this server's services a peer refused (no service there), reported
+    /// failed.
+    pub refused_by_peers: u64,
+    /// Refused messages no service could be told of: a notice naming a message whose record
+    /// is gone, an unreadable notice, or one that could not be sent.
+    pub notices_unmatched: u64,
 }
 
 /// A service's way to take its reliable messages straight from the frame they arrived in,
@@ -504,16 +523,34 @@ struct Batch {
 /// Where a connection's delivery gate releases messages: to the service's placer when it
 /// has one (in delivery order, so a placer never sees a message before one a fence put ahead
 /// of it), else into the inbox, copied once from the frame.
+///
+/// A message for a service this server does not host is not delivered: it is listed in
+/// `refused` for a notice to its sender. A notice from the peer is listed in `notices`.
 struct Deliver<'a> {
     now: Time,
     src: Coord,
     placers: &'a mut Placers,
     inbox: &'a mut Inbox,
     delivered: &'a mut u64,
+    hosted: Option<&'a HostedServices>,
+    refused: &'a mut Vec<(u16, u64)>,
+    notices: &'a mut Vec<(u16, u64)>,
+    bad_notices: &'a mut u64,
 }
 
 impl Release for Deliver<'_> {
-    fn release(&mut self, _msn: u64, service: u16, data: &[u8]) {
+    fn release(&mut self, msn: u64, service: u16, data: &[u8]) {
+        if service == NOTICES {
+            match notice::decode(data) {
+                Some(entries) => self.notices.extend(entries),
+                None => *self.bad_notices += 1,
+            }
+            return;
+        }
+        if self.hosted.is_some_and(|h| !h.hosts(service)) {
+            self.refused.push((service, msn));
+            return;
+        }
         *self.delivered += 1;
         match self.placers.get(service) {
             Some(p) => {
@@ -577,6 +614,14 @@ pub struct Transport {
     starved: Vec<Coord>,
     /// The unwritten tail of the frame built last ([`Config::declare_tails`]).
     declared: Option<(usize, u8)>,
+    /// The services this server hosts, when the driver says ([`Transport::set_hosted`]);
+    /// without it every service counts as hosted.
+    hosted: Option<std::sync::Arc<HostedServices>>,
+    /// Scratch: messages of the frame in hand refused for want of a service, and entries of
+    /// notices it carried.
+    refused: Vec<(u16, u64)>,
+    notices: Vec<(u16, u64)>,
+    notice_buf: Vec<u8>,
 }
 
 /// Bytes of a SYNC payload: the sender's incarnation (u64) and flags (u8).
@@ -631,7 +676,17 @@ impl Transport {
             pacing: RxPacing::new(cfg.window),
             starved: Vec::new(),
             declared: None,
+            hosted: None,
+            refused: Vec::new(),
+            notices: Vec::new(),
+            notice_buf: Vec::new(),
         }
+    }
+
+    /// From now on, reliable messages for services outside `hosted` are refused and their
+    /// senders told ([`FailReason::NoService`]); `None`: every service counts as hosted.
+    pub fn set_hosted(&mut self, hosted: Option<std::sync::Arc<HostedServices>>) {
+        self.hosted = hosted;
     }
 
     // ---- getters ----
@@ -806,7 +861,8 @@ impl Transport {
     /// One [`Event::Failed`] per service, tags in send order.
     fn report_failed(&mut self, peer: Coord, failed: Vec<(u16, u64)>, reason: FailReason) {
         let mut by_service: Vec<(u16, Vec<u64>)> = Vec::new();
-        for (service, tag) in failed {
+        // A notice that did not arrive concerns nobody here: the peer it was for is gone.
+        for (service, tag) in failed.into_iter().filter(|(s, _)| *s != NOTICES) {
             match by_service.iter_mut().find(|(s, _)| *s == service) {
                 Some((_, tags)) => tags.push(tag),
                 None => by_service.push((service, vec![tag])),
@@ -1017,15 +1073,21 @@ impl Transport {
         if aggregated {
             // Check every message first: a frame is accepted (and acknowledged) whole or
             // not at all, so a bad one is never half-delivered.
-            if self.placers.0.is_empty() {
-                let (count, union) = wire::check_messages(view.payload())?;
+            if self.placers.0.is_empty() && self.hosted.is_none() {
+                let (count, union, notices) = wire::check_messages(view.payload(), NOTICES)?;
                 batch.messages = count;
-                batch.plain = union & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) == 0;
+                batch.plain =
+                    union & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) == 0 && !notices;
             } else {
+                // A message with a placer, for a service not hosted, or a notice is taken
+                // one at a time.
+                let hosted = self.hosted.as_deref();
                 for m in view.messages() {
                     let m = m?;
                     batch.messages += 1;
                     if m.flags & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) != 0
+                        || m.service == NOTICES
+                        || hosted.is_some_and(|h| !h.hosts(m.service))
                         || self.placers.get(m.service).is_some()
                     {
                         batch.plain = false;
@@ -1132,11 +1194,40 @@ impl Transport {
                         placers: &mut self.placers,
                         inbox: &mut self.events,
                         delivered: &mut self.stats.messages_delivered,
+                        hosted: self.hosted.as_deref(),
+                        refused: &mut self.refused,
+                        notices: &mut self.notices,
+                        bad_notices: &mut self.stats.notices_unmatched,
                     };
                     result = Self::deliver_reliable(conn, &h, &view, batch, &mut sink);
                 }
                 Arrival::Duplicate => self.stats.duplicate_frames += 1,
                 Arrival::OutOfWindow => result = Err(RecvError::OutOfWindow),
+            }
+        }
+        if !self.notices.is_empty() {
+            // The peer refused messages of ours: the services that sent them learn which. (A
+            // notice names the service a message was for; the number alone finds it.)
+            let mut by_service: Vec<(u16, Vec<u64>)> = Vec::new();
+            for (_, msn) in self.notices.drain(..) {
+                self.stats.refused_by_peers += 1;
+                let Some((service, tag)) = conn.sent.tag_of(msn) else {
+                    self.stats.notices_unmatched += 1;
+                    continue;
+                };
+                match by_service.iter_mut().find(|(s, _)| *s == service) {
+                    Some((_, tags)) => tags.push(tag),
+                    None => by_service.push((service, vec![tag])),
+                }
+            }
+            for (service, tags) in by_service {
+                self.stats.failed_messages += tags.len() as u64;
+                self.events.push(Event::Failed {
+                    peer: h.src,
+                    service,
+                    tags,
+                    reason: FailReason::NoService,
+                });
             }
         }
         let needs = conn.send.has_retransmit() || conn.recv.ack_due(now) || conn.recv.nack_due(now);
@@ -1145,7 +1236,38 @@ impl Transport {
             self.urgent.push_back(h.src);
         }
         schedule(&mut self.deadlines, conn);
+        if !self.refused.is_empty() {
+            self.send_notices(now, h.src);
+        }
         result.map(|()| None)
+    }
+
+    /// Tells `peer` which of its messages this server refused (no service takes them). A
+    /// notice that cannot be queued (the queue is full, the peer unreachable) is counted in
+    /// `notices_unmatched`: the peer's messages were refused all the same.
+    #[cold]
+    fn send_notices(&mut self, now: Time, peer: Coord) {
+        let refused = std::mem::take(&mut self.refused);
+        self.stats.refused_no_service += refused.len() as u64;
+        let mut buf = std::mem::take(&mut self.notice_buf);
+        for chunk in refused.chunks(notice::MAX_ENTRIES) {
+            notice::encode(chunk, &mut buf);
+            let m = Outgoing {
+                dest: peer,
+                service: NOTICES,
+                from: NOTICES,
+                data: &buf,
+                reliable: true,
+                fences: Fences::default(),
+                tag: 0,
+            };
+            if self.send_hinted(now, m, None).is_err() {
+                self.stats.notices_unmatched += chunk.len() as u64;
+            }
+        }
+        self.notice_buf = buf;
+        self.refused = refused;
+        self.refused.clear();
     }
 
     /// A SYNC from the peer: learn its instance, reset when it changed, answer when it does
@@ -1860,7 +1982,7 @@ fn build_data_frame(
                 // Fenced messages are never grouped: this one is `msn`.
                 conn.last_fwd = Some(msn);
             }
-            conn.sent.on_framed_run(from, m.tags.head(k), seq);
+            conn.sent.on_framed_run(from, m.tags.head(k), msn, seq);
         });
         // The messages wait in wire form: the run is one copy.
         q.take_planned(&plan, &mut payload[..plan.bytes], false);
@@ -1881,7 +2003,7 @@ fn build_data_frame(
         conn.queued = conn.queued.saturating_sub(1);
         let msn = conn.next_msn;
         conn.next_msn += 1;
-        conn.sent.on_framed_alone(from, head.tags.first(), seq);
+        conn.sent.on_framed_alone(from, head.tags.first(), msn, seq);
         h.flags |= flags::FRAG_FIRST | flags::FRAG_LAST | fence_flags(head.fences);
         h.msn = seqnum::truncate(msn);
         h.fence = fence_distance(msn, conn.last_fwd);
@@ -1913,7 +2035,7 @@ fn build_data_frame(
             h.flags |= flags::FRAG_LAST;
             messages = 1;
             conn.queued = conn.queued.saturating_sub(1);
-            conn.sent.on_framed_alone(from, head.tags.first(), seq);
+            conn.sent.on_framed_alone(from, head.tags.first(), msn, seq);
         }
         h.flags |= fence_flags(head.fences);
         h.msn = seqnum::truncate(msn);

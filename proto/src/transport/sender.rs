@@ -112,6 +112,7 @@ impl SendWindow {
 
     /// As [`SendWindow::on_sent`], the frame kept as `frame` (a copy, or the driver's
     /// buffer).
+    #[inline]
     pub fn on_sent_frame(&mut self, now: Time, frame: KeptFrame) {
         self.slots.push_back(Inflight {
             bytes: frame,
