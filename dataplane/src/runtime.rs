@@ -822,6 +822,9 @@ pub struct Status {
     pub engine: EngineSnapshot,
     /// Applications attached from their own processes.
     pub apps: Vec<crate::apps::AppStatus>,
+    /// The service ids this server takes reliable messages for (others are refused and
+    /// reported to their senders).
+    pub services: Vec<u16>,
     /// The key-value store, when it runs.
     pub kv: Option<KvStatus>,
     /// IP over the torus, when it runs.
@@ -990,6 +993,13 @@ impl Dataplane {
         for (shard, (umem, ports)) in umems.into_iter().zip(ports).enumerate() {
             let mut node = Node::new(coord, cfg.view.clone(), transport)
                 .map_err(|e| StartError::Engine(e.to_string()))?;
+            // First: source routing starts the transport afresh (smaller frames), which would
+            // drop the placers, queue sizes and hosted services set below.
+            if let Some(on) = cfg.routing.source {
+                node.enable_source_routing(cfg.routing.bsr);
+                node.set_source_routing(on);
+                node.set_source_services(cfg.routing.services.clone());
+            }
             if let Some(placer) = &ip_placer {
                 // Room for a few dozen 64 KiB segments per peer before IP drops.
                 node.configure_service(crate::ip::IP, 1, 4 << 20);
@@ -1001,11 +1011,6 @@ impl Dataplane {
             );
             node.set_hosted(Some(shared.hosted.clone()));
             node.configure_service(crate::rmem::RMEM, 1, 8 << 20);
-            if let Some(on) = cfg.routing.source {
-                node.enable_source_routing(cfg.routing.bsr);
-                node.set_source_routing(on);
-                node.set_source_services(cfg.routing.services.clone());
-            }
             // A few dozen chunks queued: the service keeps the rest until there is room.
             node.configure_service(torusnet_services::multicast::MCAST, 1, 4 << 20);
             node.configure_service(torusnet_services::aggregate::AGG, 1, 4 << 20);
@@ -1225,6 +1230,7 @@ impl Dataplane {
             links,
             engine,
             apps: s.apps.status(),
+            services: s.hosted.ids(),
             rmem: s.rmem.get().map(|r| r.stats()),
             ip: s
                 .ip

@@ -353,7 +353,8 @@ impl Node {
 
     /// Makes this server source-route its own traffic (BCube's BSR: probe the parallel
     /// paths, use the one with the most available bandwidth per peer). Call
-    /// before sending anything: frames keep room for the route, so the transport starts
+    /// before sending anything and before configuring the transport (placers, service
+    /// queues, hosted services): frames keep room for the route, so the transport starts
     /// afresh with an MTU smaller by [`wire::MAX_ROUTE_HOPS`] bytes.
     pub fn enable_source_routing(&mut self, cfg: BsrConfig) {
         let mut t = self.transport_cfg;
