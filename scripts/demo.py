@@ -174,6 +174,44 @@ def applications():
           f"ones, a call answered: {out['call_ok']}")
     print("   (shared-memory channel to torusd, no syscall per message; C and Rust clients work the same way:"
           " docs/applications.md)")
+    # The echo server has exited: a message to its address is refused at 2,2,2 and reported
+    # to its sender, not lost.
+    for _ in range(100):
+        st = try_ask((2, 2, 2), {"cmd": "status"}) or {}
+        if not any(a.get("name") == "demo-echo" for a in st.get("apps") or []):
+            break
+        time.sleep(0.05)
+    late = (
+        "import json, sys, time\n"
+        f"sys.path.insert(0, {os.path.join(ROOT, 'client/python')!r})\n"
+        "import torusnet\n"
+        f"c = torusnet.Client({STATE + '/0-0-0-apps.sock'!r}, 'demo-late')\n"
+        "t0 = time.time()\n"
+        "tag = c.send(torusnet.Address(2, 2, 2, torusnet.service_id('demo-echo')), b'still there?')\n"
+        "ev, seen = None, []\n"
+        "while time.time() - t0 < 10:\n"
+        "    ev = c.recv(0.5)\n"
+        "    if ev is not None:\n"
+        "        seen.append([ev.kind, ev.reason])\n"
+        "    if ev is not None and ev.kind == torusnet.FAILED:\n"
+        "        break\n"
+        "ok = ev is not None and ev.kind == torusnet.FAILED and ev.tag == tag\n"
+        "print(json.dumps({'ok': ok, 'reason': ev.reason if ok else None, 'ms': (time.time() - t0) * 1000,\n"
+        "                  'events': seen}))\n"
+    )
+    r = subprocess.run(["ip", "netns", "exec", f"{PREFIX}-0-0-0", "python3", "-c", late],
+                       capture_output=True, text=True, env=env, timeout=60)
+    try:
+        v = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        v = {"ok": False}
+    if v.get("ok") and v.get("reason") == 6:
+        print(f"   after demo-echo exited, a reliable message to it was reported failed to its sender "
+              f"{v['ms']:.1f} ms after the send: no service at 2,2,2 takes it (reason NoService; nothing "
+              f"vanishes)")
+    else:
+        print(f"   a message to the exited demo-echo was not reported as expected: {r.stdout.strip()[-200:]} "
+              f"{r.stderr.strip()[-200:]}")
 
 
 def remote_memory():

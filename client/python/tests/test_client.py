@@ -118,6 +118,23 @@ def test_acknowledgements_and_failures(torus):
             c.send(torusnet.Address(9, 9, 9, at.service), b"nowhere")
 
 
+def test_a_message_nobody_takes_is_reported_failed(torus):
+    with torusnet.Client(sock("0-0-0"), "py-d") as c:
+        at = c.resolve("py-echo")[0]
+        assert at.service == torusnet.service_id("py-echo")
+        # No application on 1,0,0 is attached as "py-nobody": the message is refused there
+        # and reported to its sender, with its tag.
+        tag = c.send(torusnet.Address(1, 0, 0, torusnet.service_id("py-nobody")), b"hello?")
+        deadline = time.time() + 10
+        while True:
+            assert time.time() < deadline, "no report for a message nobody took"
+            ev = c.recv(0.5)
+            if ev is not None and ev.kind == torusnet.FAILED:
+                break
+        assert (ev.tag, ev.reason) == (tag, torusnet.NO_SERVICE)
+        assert (ev.frm.x, ev.frm.y, ev.frm.z) == (1, 0, 0)
+
+
 def test_return_buffer_between_two_python_applications(torus):
     with torusnet.Client(sock("1-0-0"), "py-owner") as owner, \
             torusnet.Client(sock("0-0-0"), "py-writer") as writer:

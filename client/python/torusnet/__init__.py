@@ -28,6 +28,10 @@ MESSAGE, REQUEST, ACKED, FAILED, PEER_RESET, UNREACHABLE, REACHABLE, BUFFER_FILL
 
 EAGAIN, ETIMEDOUT, EREFUSED, ETOOBIG, ENOTFOUND, ECLOSED, EINVAL, EIO = range(-1, -9, -1)
 
+PEER_RESTARTED, PEER_RESET, SILENT, PEER_UNREACHABLE, REFUSED, NO_SERVICE = range(1, 7)
+"""Why a message failed (a FAILED Event's reason); NO_SERVICE: the peer took it but no
+application there is attached as its service."""
+
 _RELIABLE, _BWD, _FWD = 1, 2, 4
 
 Address = namedtuple("Address", "x y z service")
@@ -41,6 +45,15 @@ Buffer = namedtuple("Buffer", "owner id len cookie")
 Event = namedtuple("Event", "kind frm tag count key reliable reason data length")
 """An event: kind (MESSAGE ...), frm (Address), tag, count, key, reliable, reason, data
 (bytes of a message or request), length."""
+
+
+def service_id(name):
+    """The service id of application `name`, the same on every server (FNV-1a of the
+    name into 1024..65535)."""
+    h = 0x811C9DC5
+    for b in name.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return 1024 + h % (65535 - 1024 + 1)
 
 
 class TorusError(Exception):

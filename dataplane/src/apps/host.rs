@@ -111,10 +111,13 @@ impl AppsHost {
 
     fn reindex(&mut self) {
         let old = std::mem::take(&mut self.by_service);
+        // An application whose connection ended is not a destination any more, even before
+        // it is reaped.
         self.by_service = self
             .apps
             .iter()
             .enumerate()
+            .filter(|(_, a)| !a.info.dead.load(Ordering::Acquire))
             .map(|(i, a)| (a.info.service, i))
             .collect();
         // The transports refuse (and report to the sender) messages for an application

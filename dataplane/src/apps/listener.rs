@@ -116,6 +116,12 @@ fn serve(s: UnixStream, cfg: &AppsConfig, gid: Option<u32>, shared: &Arc<Shared>
         }
     }
     info.dead.store(true, Ordering::Release);
+    // Messages for it are refused (and reported to their senders) from now on, not handed
+    // to a channel nobody reads until the poller reaps it; and the poller reaps it now.
+    shared.hosted.unhost(info.service);
+    if let Some(first) = shared.shards.first() {
+        first.wake();
+    }
     // Its name leaves the directory now rather than when the entry expires.
     let _ = shared.push_to(
         0,
