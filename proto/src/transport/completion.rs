@@ -53,7 +53,8 @@ pub struct AckedRun {
     pub last_tag: u64,
 }
 
-/// The unacknowledged messages of one connection, in framing order.
+/// The messages of one connection not acknowledged yet, after the latest acknowledged
+/// ones (kept for notices), in framing order.
 #[derive(Debug, Default)]
 pub struct Completions {
     /// Records in framing order: the first `acked` are acknowledged (kept for notices), the
