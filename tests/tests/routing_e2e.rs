@@ -260,64 +260,88 @@ fn source_routes_refuse_bad_routes_avoid_loaded_links_and_survive_a_cut() {
     // 3. A checked transfer survives a cut of a link on its path; its source switches paths
     //    long before the link-state view changes.
     let (s, d) = (Coord::new(0, 0, 0), Coord::new(2, 1, 0));
-    let cut = std::thread::scope(|sc| {
-        let h = sc.spawn(|| bench(&t, s, d, 1_500_000_000));
-        // The path to cut is one the flow has kept for a while: its source re-probes and
-        // may move among the six equal paths, and a status snapshot is up to 100 ms old, so
-        // a path read once could be left just before the cut (then nothing fails over; seen
-        // once in CI-like runs). Two snapshots 300 ms apart must agree.
-        let start = Instant::now();
-        let mut last: Option<Vec<Dir>> = None;
-        let path = loop {
-            let p = path_of(&t, s, d).filter(|p| p.len() >= 2);
-            if p.is_some() && p == last {
-                break p.unwrap_or_default();
+    // The flow may still move to another of its equal paths between the last look at its
+    // path and the cut (its source re-probes), and then nothing fails over; an attempt that
+    // saw no failover is made again (at most three), on a link restored and a view healed.
+    let mut attempt = 0;
+    let cut = loop {
+        attempt += 1;
+        let cut = std::thread::scope(|sc| {
+            let h = sc.spawn(|| bench(&t, s, d, 1_500_000_000));
+            // The path to cut is one the flow has kept for a while: its source re-probes and
+            // may move among the six equal paths, and a status snapshot is up to 100 ms old, so
+            // a path read once could be left just before the cut (then nothing fails over; seen
+            // once in CI-like runs). Two snapshots 300 ms apart must agree.
+            let start = Instant::now();
+            let mut last: Option<Vec<Dir>> = None;
+            let path = loop {
+                let p = path_of(&t, s, d).filter(|p| p.len() >= 2);
+                if p.is_some() && p == last {
+                    break p.unwrap_or_default();
+                }
+                last = p;
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "no steady flow seen"
+                );
+                std::thread::sleep(Duration::from_millis(300));
+            };
+            // The path's second link, cut at the server it leaves.
+            let mid = t.dims.neighbor(s, path[0]);
+            let ifname = match path[1] {
+                Dir::PlusX => "px",
+                Dir::MinusX => "mx",
+                Dir::PlusY => "py",
+                Dir::MinusY => "my",
+                Dir::PlusZ => "pz",
+                Dir::MinusZ => "mz",
+            };
+            let failovers_before = u(&routing(&t, s), "failovers");
+            let t0 = unix_ms();
+            ip(&["-n", &t.ns(mid), "link", "set", ifname, "down"]);
+            let (mut switched, mut viewed) = (None, None);
+            let start = Instant::now();
+            while (switched.is_none() || viewed.is_none())
+                && start.elapsed() < Duration::from_secs(10)
+            {
+                let st = status(&t, s);
+                let r = &st["engine"]["routing"];
+                if switched.is_none() && u(r, "failovers") > failovers_before {
+                    switched = Some(u(r, "last_failover_unix_ms").saturating_sub(t0));
+                }
+                let v = u(&st["engine"], "view_changed_unix_ms");
+                if viewed.is_none() && v > t0 {
+                    viewed = Some(v - t0);
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            last = p;
+            let goodput = h.join().unwrap();
+            ip(&["-n", &t.ns(mid), "link", "set", ifname, "up"]);
+            (path, switched, viewed, goodput, t0)
+        });
+        let (path, switched, viewed, goodput, t0) = &cut;
+        eprintln!(
+            "attempt {attempt}: link cut on path {path:?}: the source switched paths {switched:?} \
+         ms after the cut, its link-state view changed {viewed:?} ms after; the 1.5 GB \
+         transfer completed checked at {goodput:.2} Gb/s"
+        );
+        if switched.is_some() || attempt == 3 {
+            break cut;
+        }
+        // The link is up again: wait for the source's view to have it back (a change after
+        // the one the cut made) before the next attempt.
+        let down_seen = t0 + viewed.unwrap_or(0);
+        let start = Instant::now();
+        while u(&status(&t, s)["engine"], "view_changed_unix_ms") <= down_seen {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
-                "no steady flow seen"
+                "the view never healed"
             );
-            std::thread::sleep(Duration::from_millis(300));
-        };
-        // The path's second link, cut at the server it leaves.
-        let mid = t.dims.neighbor(s, path[0]);
-        let ifname = match path[1] {
-            Dir::PlusX => "px",
-            Dir::MinusX => "mx",
-            Dir::PlusY => "py",
-            Dir::MinusY => "my",
-            Dir::PlusZ => "pz",
-            Dir::MinusZ => "mz",
-        };
-        let failovers_before = u(&routing(&t, s), "failovers");
-        let t0 = unix_ms();
-        ip(&["-n", &t.ns(mid), "link", "set", ifname, "down"]);
-        let (mut switched, mut viewed) = (None, None);
-        let start = Instant::now();
-        while (switched.is_none() || viewed.is_none()) && start.elapsed() < Duration::from_secs(10)
-        {
-            let st = status(&t, s);
-            let r = &st["engine"]["routing"];
-            if switched.is_none() && u(r, "failovers") > failovers_before {
-                switched = Some(u(r, "last_failover_unix_ms").saturating_sub(t0));
-            }
-            let v = u(&st["engine"], "view_changed_unix_ms");
-            if viewed.is_none() && v > t0 {
-                viewed = Some(v - t0);
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(50));
         }
-        let goodput = h.join().unwrap();
-        ip(&["-n", &t.ns(mid), "link", "set", ifname, "up"]);
-        (path, switched, viewed, goodput)
-    });
-    let (path, switched, viewed, goodput) = cut;
-    eprintln!(
-        "link cut on path {path:?}: the source switched paths {switched:?} ms after the cut, \
-         its link-state view changed {viewed:?} ms after; the 1.5 GB transfer completed \
-         checked at {goodput:.2} Gb/s"
-    );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let (_, switched, viewed, _, _) = cut;
     let switched = switched.expect("the source switched paths");
     assert!(switched <= 50, "switch within 50 ms: {switched} ms");
     if let Some(v) = viewed {
