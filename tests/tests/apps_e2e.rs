@@ -149,6 +149,19 @@ fn apps_at(t: &Torus, c: &str) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// The next failure report `c` gets (within 10 s): peer, tag, reason.
+fn next_failure(c: &Client, what: &str) -> ((u16, u16, u16), u64, torusnet_client::FailReason) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < until, "no report for {what}");
+        if let Some(Event::Failed { peer, tag, reason }) =
+            c.recv(Wait::Timeout(Duration::from_secs(1))).unwrap()
+        {
+            return (peer, tag, reason);
+        }
+    }
+}
+
 fn wait_attached(t: &Torus, c: &str, name: &str) {
     let start = Instant::now();
     while !apps_at(t, c).iter().any(|a| a["name"] == json!(name)) {
@@ -415,23 +428,8 @@ fn applications_in_three_languages_across_the_torus() {
         let tag = sender
             .send(Dest::Service(to), b"anyone there?", SendOptions::reliable())
             .expect("send to an address nobody holds");
-        let until = Instant::now() + Duration::from_secs(10);
-        let failed = loop {
-            assert!(
-                Instant::now() < until,
-                "no report for a message nobody took"
-            );
-            match sender.recv(Wait::Timeout(Duration::from_secs(1))).unwrap() {
-                Some(Event::Failed {
-                    peer,
-                    tag: t,
-                    reason,
-                }) => break (peer, t, reason),
-                _ => continue,
-            }
-        };
         assert_eq!(
-            failed,
+            next_failure(&sender, "a message nobody took"),
             ((1, 1, 1), tag, torusnet_client::FailReason::NoService)
         );
         // The transports' own service id is not an application's to send to.
@@ -442,18 +440,8 @@ fn applications_in_three_languages_across_the_torus() {
         let tag = sender
             .send(Dest::Service(notices), b"forged", SendOptions::reliable())
             .expect("a send torusd refuses later");
-        let until = Instant::now() + Duration::from_secs(10);
-        let refused = loop {
-            assert!(
-                Instant::now() < until,
-                "no report for a message to service 63"
-            );
-            match sender.recv(Wait::Timeout(Duration::from_secs(1))).unwrap() {
-                Some(Event::Failed { tag: t, reason, .. }) => break (t, reason),
-                _ => continue,
-            }
-        };
-        assert_eq!(refused, (tag, torusnet_client::FailReason::Refused));
+        let (_, t, reason) = next_failure(&sender, "a message to service 63");
+        assert_eq!((t, reason), (tag, torusnet_client::FailReason::Refused));
     }
 
     // An application that stops reading: a flood for it is dropped beyond its bounds and

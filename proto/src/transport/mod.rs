@@ -622,6 +622,8 @@ pub struct Transport {
     refused: Vec<(u16, u64)>,
     notices: Vec<(u16, u64)>,
     notice_buf: Vec<u8>,
+    /// Scratch: (service, tag) of messages of ours the peer's notices named.
+    refused_by_peer: Vec<(u16, u64)>,
 }
 
 /// Bytes of a SYNC payload: the sender's incarnation (u64) and flags (u8).
@@ -680,6 +682,7 @@ impl Transport {
             refused: Vec::new(),
             notices: Vec::new(),
             notice_buf: Vec::new(),
+            refused_by_peer: Vec::new(),
         }
     }
 
@@ -1205,29 +1208,15 @@ impl Transport {
                 Arrival::OutOfWindow => result = Err(RecvError::OutOfWindow),
             }
         }
+        // The peer refused messages of ours: the services that sent them learn which, below.
+        // (A notice names the service a message was for; the number alone finds it.)
         if !self.notices.is_empty() {
-            // The peer refused messages of ours: the services that sent them learn which. (A
-            // notice names the service a message was for; the number alone finds it.)
-            let mut by_service: Vec<(u16, Vec<u64>)> = Vec::new();
             for (_, msn) in self.notices.drain(..) {
                 self.stats.refused_by_peers += 1;
-                let Some((service, tag)) = conn.sent.tag_of(msn) else {
-                    self.stats.notices_unmatched += 1;
-                    continue;
-                };
-                match by_service.iter_mut().find(|(s, _)| *s == service) {
-                    Some((_, tags)) => tags.push(tag),
-                    None => by_service.push((service, vec![tag])),
+                match conn.sent.tag_of(msn) {
+                    Some(m) => self.refused_by_peer.push(m),
+                    None => self.stats.notices_unmatched += 1,
                 }
-            }
-            for (service, tags) in by_service {
-                self.stats.failed_messages += tags.len() as u64;
-                self.events.push(Event::Failed {
-                    peer: h.src,
-                    service,
-                    tags,
-                    reason: FailReason::NoService,
-                });
             }
         }
         let needs = conn.send.has_retransmit() || conn.recv.ack_due(now) || conn.recv.nack_due(now);
@@ -1236,17 +1225,22 @@ impl Transport {
             self.urgent.push_back(h.src);
         }
         schedule(&mut self.deadlines, conn);
-        if !self.refused.is_empty() {
-            self.send_notices(now, h.src);
+        if !(self.refused.is_empty() && self.refused_by_peer.is_empty()) {
+            self.settle_refusals(now, h.src);
         }
         result.map(|()| None)
     }
 
-    /// Tells `peer` which of its messages this server refused (no service takes them). A
-    /// notice that cannot be queued (the queue is full, the peer unreachable) is counted in
+    /// After a frame from `peer`: reports the messages of ours its notices named, and tells
+    /// it which of its messages this server refused (no service takes them). A notice that
+    /// cannot be queued (the queue is full, the peer unreachable) is counted in
     /// `notices_unmatched`: the peer's messages were refused all the same.
     #[cold]
-    fn send_notices(&mut self, now: Time, peer: Coord) {
+    fn settle_refusals(&mut self, now: Time, peer: Coord) {
+        if !self.refused_by_peer.is_empty() {
+            let failed = std::mem::take(&mut self.refused_by_peer);
+            self.report_failed(peer, failed, FailReason::NoService);
+        }
         let refused = std::mem::take(&mut self.refused);
         self.stats.refused_no_service += refused.len() as u64;
         let mut buf = std::mem::take(&mut self.notice_buf);
