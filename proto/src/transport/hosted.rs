@@ -44,9 +44,18 @@ impl HostedServices {
         self.bits[usize::from(id >> 6)].load(Ordering::Acquire) & (1 << (id & 63)) != 0
     }
 
-    /// The hosted ids, in order.
+    /// The hosted ids, in order (a word at a time: a status asks for them, and most words
+    /// are empty).
     pub fn ids(&self) -> Vec<u16> {
-        (0..=u16::MAX).filter(|&id| self.hosts(id)).collect()
+        let mut out = Vec::new();
+        for (w, bits) in self.bits.iter().enumerate() {
+            let mut b = bits.load(Ordering::Acquire);
+            while b != 0 {
+                out.push((w * 64) as u16 + b.trailing_zeros() as u16);
+                b &= b - 1;
+            }
+        }
+        out
     }
 }
 
