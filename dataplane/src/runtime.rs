@@ -993,8 +993,6 @@ impl Dataplane {
         for (shard, (umem, ports)) in umems.into_iter().zip(ports).enumerate() {
             let mut node = Node::new(coord, cfg.view.clone(), transport)
                 .map_err(|e| StartError::Engine(e.to_string()))?;
-            // First: source routing starts the transport afresh (smaller frames), which would
-            // drop the placers, queue sizes and hosted services set below.
             if let Some(on) = cfg.routing.source {
                 node.enable_source_routing(cfg.routing.bsr);
                 node.set_source_routing(on);

@@ -352,14 +352,14 @@ impl Node {
     }
 
     /// Makes this server source-route its own traffic (BCube's BSR: probe the parallel
-    /// paths, use the one with the most available bandwidth per peer). Call
-    /// before sending anything and before configuring the transport (placers, service
-    /// queues, hosted services): frames keep room for the route, so the transport starts
-    /// afresh with an MTU smaller by [`wire::MAX_ROUTE_HOPS`] bytes.
+    /// paths, use the one with the most available bandwidth per peer). Call before sending
+    /// anything: frames keep room for the route, so the transport starts afresh with an MTU
+    /// smaller by [`wire::MAX_ROUTE_HOPS`] bytes (what was configured on it, such as placers,
+    /// service queues and hosted services, stays).
     pub fn enable_source_routing(&mut self, cfg: BsrConfig) {
         let mut t = self.transport_cfg;
         t.mtu = self.mtu.saturating_sub(wire::MAX_ROUTE_HOPS);
-        self.transport = Transport::new(self.local, t);
+        self.transport.reconfigure(t);
         self.source.enable(cfg);
         self.source_used = true;
     }

@@ -30,11 +30,17 @@ struct Mesh {
 
 impl Mesh {
     fn new(dims: Dims) -> Mesh {
+        Mesh::configured(dims, |_| {})
+    }
+
+    /// A mesh whose engines are configured by `setup` before source routing is enabled.
+    fn configured(dims: Dims, setup: impl Fn(&mut Node)) -> Mesh {
         let view = LinkView::all_up(dims).unwrap();
         let nodes = dims
             .coords()
             .map(|c| {
                 let mut n = Node::new(c, view.clone(), Config::default()).unwrap();
+                setup(&mut n);
                 n.enable_source_routing(BsrConfig {
                     probe_after_bytes: 0,
                     ..BsrConfig::default()
@@ -443,4 +449,58 @@ fn only_the_services_chosen_are_source_routed() {
     );
     // Service 9's frames kept to one path: its source had one route for the peer.
     assert!(mesh.nodes[s].source_routing().route_to(dst).is_some());
+}
+
+/// Enabling source routing rebuilds the transport with smaller frames; what the driver set
+/// on it before (service queue limits, the hosted services) still applies afterwards.
+#[test]
+fn settings_made_before_source_routing_survive_it() {
+    use std::sync::Arc;
+    use torusnet_proto::transport::{FailReason, HostedServices, SendError};
+    let dims = Dims::new(3, 1, 1).unwrap();
+    let hosted = Arc::new(HostedServices::new());
+    hosted.host(7);
+    let mut m = Mesh::configured(dims, |n| {
+        n.configure_service(7, 1, 1000);
+        n.set_hosted(Some(hosted.clone()));
+    });
+    let to = Target::Server(Coord::new(1, 0, 0));
+    let mut accepted = 0;
+    let blocked = loop {
+        match m.nodes[0].send(m.now, to, 7, &[1u8; 300], reliable()) {
+            Ok(()) => accepted += 1,
+            Err(e) => break e,
+        }
+        assert!(accepted < 100, "the 1000-byte queue limit was lost");
+    };
+    assert!(matches!(blocked, SendError::WouldBlock), "{blocked:?}");
+    assert!(
+        accepted <= 4,
+        "{accepted} messages of 300 B in a 1000 B queue"
+    );
+    let opts = MsgOptions {
+        tag: 77,
+        ..reliable()
+    };
+    m.nodes[0]
+        .send(m.now, to, 8, b"nobody hosts 8", opts)
+        .unwrap();
+    let mut events = vec![Vec::new(); 3];
+    m.run_until(&mut events, |ev| {
+        ev[0].iter().any(|e| matches!(e, Event::Failed { .. }))
+            && received(&ev[1]).len() == accepted
+    });
+    let failed: Vec<_> = events[0]
+        .iter()
+        .filter_map(|e| match e {
+            Event::Failed {
+                service,
+                tags,
+                reason,
+                ..
+            } => Some((*service, tags.clone(), *reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, [(8, vec![77], FailReason::NoService)]);
 }

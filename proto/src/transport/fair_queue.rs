@@ -424,6 +424,13 @@ impl FairQueue {
         self.queues[i].limit = limit;
     }
 
+    /// Takes every service's weight and limit from `other` (a queue being replaced).
+    pub fn take_settings(&mut self, other: &FairQueue) {
+        for q in &other.queues {
+            self.configure(q.service, q.weight, q.limit);
+        }
+    }
+
     /// Where the queue used last lives (a hint for prefetching; never read through).
     pub(crate) fn first_queue(&self) -> *const u8 {
         self.queues.as_ptr().wrapping_add(self.last).cast()

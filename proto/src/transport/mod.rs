@@ -686,6 +686,19 @@ impl Transport {
         }
     }
 
+    /// This transport with other settings (source routing shrinks the frame size): what its
+    /// setters configured (placers, service weights and queue limits, acknowledgement
+    /// notices, the hosted set) carries over, so the order in which a driver configures it
+    /// does not matter. Connections and queued messages do not: call it before any traffic.
+    pub fn reconfigure(&mut self, cfg: Config) {
+        let mut t = Transport::new(self.local, cfg);
+        t.placers = std::mem::take(&mut self.placers);
+        t.queues.take_settings(&self.queues);
+        t.notify = std::mem::take(&mut self.notify);
+        t.hosted = self.hosted.take();
+        *self = t;
+    }
+
     /// From now on, reliable messages for services outside `hosted` are refused and their
     /// senders told ([`FailReason::NoService`]); `None`: every service counts as hosted.
     pub fn set_hosted(&mut self, hosted: Option<std::sync::Arc<HostedServices>>) {
