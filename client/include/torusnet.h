@@ -81,6 +81,7 @@ typedef struct {
 #define TORUS_UNREACHABLE    4
 #define TORUS_REFUSED        5
 #define TORUS_NO_SERVICE     6  /* no application at the peer takes it (not attached) */
+#define TORUS_RECEIVER_FULL  7  /* the application it was for fell behind: not delivered */
 
 typedef struct {
     int kind;

@@ -229,6 +229,9 @@ pub mod reason {
     pub const REFUSED: u8 = 5;
     /// No service at the peer takes it (the application is not, or no longer, attached).
     pub const NO_SERVICE: u8 = 6;
+    /// The application it was for had fallen behind (its backlog at the peer full): not
+    /// delivered; sending again later may succeed.
+    pub const RECEIVER_FULL: u8 = 7;
 }
 
 /// App message kinds, in the 4-byte header torusd puts before every app message on the torus.

@@ -363,6 +363,7 @@ fn fill(ev: &mut torus_event, e: &Event) -> Option<Vec<u8>> {
         FailReason::Unreachable => 4,
         FailReason::Refused => 5,
         FailReason::NoService => 6,
+        FailReason::ReceiverFull => 7,
     };
     match e {
         Event::Message {

@@ -128,6 +128,9 @@ pub enum FailReason {
     Refused,
     /// No service at the peer takes it (the application is not, or no longer, attached).
     NoService,
+    /// The application it was for had fallen behind (its backlog full): not delivered;
+    /// sending again later may succeed.
+    ReceiverFull,
 }
 
 impl FailReason {
@@ -138,6 +141,7 @@ impl FailReason {
             channel::reason::SILENT => FailReason::Silent,
             channel::reason::UNREACHABLE => FailReason::Unreachable,
             channel::reason::NO_SERVICE => FailReason::NoService,
+            channel::reason::RECEIVER_FULL => FailReason::ReceiverFull,
             _ => FailReason::Refused,
         }
     }

@@ -376,6 +376,9 @@ pub struct TransportStatus {
     pub failed_messages: u64,
     /// Reliable messages refused here because no service takes them (their senders told).
     pub refused_no_service: u64,
+    /// Reliable messages refused here because their application had fallen behind (their
+    /// senders told).
+    pub refused_full: u64,
     /// Messages of services here that a peer refused (no service there): reported failed.
     pub refused_by_peers: u64,
     /// Refusals that could not be matched to a message's tag, or not sent.
@@ -404,6 +407,7 @@ impl TransportStatus {
             broken: s.broken,
             failed_messages: s.failed_messages,
             refused_no_service: s.refused_no_service,
+            refused_full: s.refused_full,
             refused_by_peers: s.refused_by_peers,
             notices_unmatched: s.notices_unmatched,
             peers,
@@ -731,6 +735,7 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         a.broken += b.broken;
         a.failed_messages += b.failed_messages;
         a.refused_no_service += b.refused_no_service;
+        a.refused_full += b.refused_full;
         a.refused_by_peers += b.refused_by_peers;
         a.notices_unmatched += b.notices_unmatched;
         a.peers += b.peers;

@@ -406,4 +406,36 @@ fn messages_for_services_nobody_hosts_are_reported_to_their_senders() {
     pump(&mut a, &mut b, t);
     assert_eq!(messages(&mut b), [(9, b"e".to_vec())]);
     assert!(std::iter::from_fn(|| a.poll_event()).all(|e| !matches!(e, Event::Failed { .. })));
+
+    // A service that has fallen behind (its queue full) refuses what comes meanwhile, with
+    // its own reason, in the same frame as a message for a service nobody hosts; once it
+    // has room again it takes messages.
+    hosted.set_full(9, true);
+    send(&mut a, 3, 9, b"f", 30);
+    send(&mut a, 3, 8, b"g", 31);
+    send(&mut a, 3, 5, b"h", 32);
+    pump(&mut a, &mut b, t);
+    assert_eq!(messages(&mut b), [(5, b"h".to_vec())]);
+    assert_eq!(
+        (b.stats().refused_full, b.stats().refused_no_service),
+        (1, 4)
+    );
+    let mut failed: Vec<(Vec<u64>, FailReason)> = std::iter::from_fn(|| a.poll_event())
+        .filter_map(|e| match e {
+            Event::Failed { tags, reason, .. } => Some((tags, reason)),
+            _ => None,
+        })
+        .collect();
+    failed.sort_by_key(|f| f.0.clone());
+    assert_eq!(
+        failed,
+        [
+            (vec![30], FailReason::ReceiverFull),
+            (vec![31], FailReason::NoService)
+        ]
+    );
+    hosted.set_full(9, false);
+    send(&mut a, 3, 9, b"i", 33);
+    pump(&mut a, &mut b, t);
+    assert_eq!(messages(&mut b), [(9, b"i".to_vec())]);
 }

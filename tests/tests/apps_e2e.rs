@@ -444,40 +444,68 @@ fn applications_in_three_languages_across_the_torus() {
         assert_eq!((t, reason), (tag, torusnet_client::FailReason::Refused));
     }
 
-    // An application that stops reading: a flood for it is dropped beyond its bounds and
-    // reported to it; torusd and the others keep serving.
+    // An application that stops reading: once its backlog reaches its bound, reliable
+    // messages for it are refused at its server and their senders told (`ReceiverFull`);
+    // torusd and the others keep serving; when it reads again it gets everything that was
+    // not refused. Every message sent is delivered or reported failed, none lost.
     {
+        use torusnet_client::FailReason;
         let stuck = Client::attach(&s_here, "stuck").expect("attach stuck");
         let flooder = Client::attach(&s_there, "flooder").expect("attach flooder");
         let to = stuck.address();
         let chunk = vec![7u8; 8000];
-        let mut sent = 0;
+        let (mut sent, mut refused) = (0u64, 0u64);
+        // The flooder's reports: every failure is a refusal for want of room.
+        fn tally(e: Option<Event>, refused: &mut u64) {
+            match e {
+                Some(Event::Failed { reason, .. }) => {
+                    assert_eq!(
+                        reason,
+                        FailReason::ReceiverFull,
+                        "why a flood message failed"
+                    );
+                    *refused += 1;
+                }
+                Some(Event::Overflow { dropped }) => panic!("the flooder lost {dropped} events"),
+                _ => {}
+            }
+        }
         let until = Instant::now() + Duration::from_secs(60);
         while sent < 12_000 && Instant::now() < until {
             match flooder.send(Dest::Service(to), &chunk, SendOptions::reliable()) {
                 Ok(_) => sent += 1,
-                Err(torusnet_client::Error::WouldBlock) => {
-                    let _ = flooder.recv(Wait::Timeout(Duration::from_millis(1)));
-                }
+                Err(torusnet_client::Error::WouldBlock) => tally(
+                    flooder
+                        .recv(Wait::Timeout(Duration::from_millis(1)))
+                        .unwrap(),
+                    &mut refused,
+                ),
                 Err(e) => panic!("flood: {e}"),
             }
         }
-        let start = Instant::now();
-        let dropped = loop {
-            let d = apps_at(&t, here)
+        let status = |k: &str| {
+            apps_at(&t, here)
                 .iter()
                 .find(|a| a["name"] == json!("stuck"))
-                .and_then(|a| a["dropped"].as_u64())
-                .unwrap_or(0);
-            if d > 0 || start.elapsed() > Duration::from_secs(20) {
-                break d;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+                .and_then(|a| a[k].as_u64())
+                .unwrap_or(0)
         };
+        let start = Instant::now();
+        while status("full_marks") == 0 && start.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
         assert!(
-            dropped > 0,
-            "a reader that stops loses what exceeds its bounds"
+            status("full_marks") > 0,
+            "a reader that stops is marked full"
         );
+        // A message from its own server never meets a transport: refused at the send.
+        let neighbour = Client::attach(&s_here, "neighbour").expect("attach neighbour");
+        let tag = neighbour
+            .send(Dest::Service(to), b"room?", SendOptions::reliable())
+            .expect("send to a full neighbour");
+        let (_, t_got, why) = next_failure(&neighbour, "a message to a full application");
+        assert_eq!((t_got, why), (tag, FailReason::ReceiverFull));
+        drop(neighbour);
         let v = run_client(
             &t,
             here,
@@ -488,19 +516,35 @@ fn applications_in_three_languages_across_the_torus() {
             json!(20),
             "others serve while one does not read: {v}"
         );
-        // When it reads again, it learns how much it lost.
-        let mut overflow = 0;
-        let until = Instant::now() + Duration::from_secs(10);
-        while overflow == 0 && Instant::now() < until {
-            if let Some(Event::Overflow { dropped }) = stuck
-                .recv(Wait::Timeout(Duration::from_millis(100)))
-                .unwrap()
-            {
-                overflow = dropped;
+        // It reads again: what was not refused arrives, whole and once.
+        let mut delivered = 0u64;
+        let until = Instant::now() + Duration::from_secs(60);
+        while delivered + refused < sent && Instant::now() < until {
+            while let Some(e) = stuck.recv(Wait::Timeout(Duration::from_millis(5))).unwrap() {
+                match e {
+                    Event::Message { data, .. } => {
+                        assert_eq!(data, chunk, "a flood message arrived whole");
+                        delivered += 1;
+                    }
+                    Event::Overflow { dropped } => panic!("{dropped} accepted messages dropped"),
+                    _ => {}
+                }
+            }
+            while let Some(e) = flooder.recv(Wait::NoWait).unwrap() {
+                tally(Some(e), &mut refused);
             }
         }
-        assert!(overflow > 0, "the stuck application is told what it lost");
-        eprintln!("a stopped reader: {sent} messages of 8000 B sent to it, {dropped} dropped and reported");
+        assert!(refused > 0, "the flood beyond the bound was refused");
+        assert_eq!(
+            delivered + refused,
+            sent,
+            "every message sent was delivered ({delivered}) or reported failed ({refused})"
+        );
+        assert_eq!(status("dropped"), 0, "nothing accepted was dropped");
+        eprintln!(
+            "a stopped reader: {sent} messages of 8000 B sent to it, {delivered} delivered, \
+             {refused} refused and reported to the sender"
+        );
     }
 
     // A killed application re-attaches under its name at once.

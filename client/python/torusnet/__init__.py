@@ -28,9 +28,11 @@ MESSAGE, REQUEST, ACKED, FAILED, PEER_RESET, UNREACHABLE, REACHABLE, BUFFER_FILL
 
 EAGAIN, ETIMEDOUT, EREFUSED, ETOOBIG, ENOTFOUND, ECLOSED, EINVAL, EIO = range(-1, -9, -1)
 
-PEER_RESTARTED, PEER_RESET, SILENT, PEER_UNREACHABLE, REFUSED, NO_SERVICE = range(1, 7)
+PEER_RESTARTED, PEER_RESET, SILENT, PEER_UNREACHABLE, REFUSED, NO_SERVICE, RECEIVER_FULL = \
+    range(1, 8)
 """Why a message failed (a FAILED Event's reason); NO_SERVICE: the peer took it but no
-application there is attached as its service."""
+application there is attached as its service; RECEIVER_FULL: the application it was for had
+fallen behind (its backlog full), so it was not delivered (sending again later may work)."""
 
 _RELIABLE, _BWD, _FWD = 1, 2, 4
 

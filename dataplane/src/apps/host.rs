@@ -31,10 +31,16 @@ use crate::runtime::Shared;
 
 /// Submissions read per application per turn (so one cannot starve the others).
 const BATCH: usize = 1024;
-/// Events an application may leave unread beyond its ring before they are dropped.
+/// Events an application may leave unread beyond its ring before it counts as full: from
+/// then on every transport refuses reliable messages for it (their senders are told,
+/// `ReceiverFull`) and short ones are dropped here, until it has read half of them.
 const BACKLOG_EVENTS: usize = 65536;
 /// Bytes of those.
 const BACKLOG_BYTES: usize = 64 << 20;
+/// How far beyond the mark events already accepted may still queue (those in frames being
+/// delivered as the mark was crossed, acknowledgements, failures) before they are dropped
+/// (counted and reported to the application).
+const BACKLOG_HARD: usize = 2;
 /// Return buffers one application may have posted.
 const MAX_POSTED: usize = 4096;
 /// The largest message an application may send.
@@ -74,6 +80,8 @@ pub(super) struct App {
     backlog_bytes: usize,
     /// Messages dropped and not yet reported to the application.
     dropped_unreported: u64,
+    /// Its backlog crossed the mark: the transports refuse its reliable messages.
+    full: bool,
     posted: HashMap<u32, Posted>,
     /// Completions written this turn (signal the application if it sleeps).
     produced: bool,
@@ -158,6 +166,7 @@ impl AppsHost {
                 backlog: VecDeque::new(),
                 backlog_bytes: 0,
                 dropped_unreported: 0,
+                full: false,
                 posted: HashMap::new(),
                 produced: false,
                 txd_done: 0,
@@ -197,12 +206,26 @@ impl AppsHost {
         if e.kind == cq::MESSAGE {
             e.total_len = data.len() as u32;
         }
-        if a.backlog.len() >= BACKLOG_EVENTS || a.backlog_bytes + data.len() > BACKLOG_BYTES {
+        let over = |events: usize, bytes: usize| {
+            a.backlog.len() >= events || a.backlog_bytes + data.len() > bytes
+        };
+        // Short messages are best effort: they give way at the mark. Anything else was
+        // accepted (a reliable message is acknowledged by now): it queues up to the hard
+        // bound, which only a flood already in flight as the mark was crossed reaches.
+        let short = e.kind == cq::MESSAGE && e.flags & cflag::RELIABLE == 0;
+        if (short && over(BACKLOG_EVENTS, BACKLOG_BYTES))
+            || over(BACKLOG_EVENTS * BACKLOG_HARD, BACKLOG_BYTES * BACKLOG_HARD)
+        {
             if e.kind == cq::MESSAGE || e.kind == cq::BUFFER_FILLED {
                 a.dropped_unreported += 1;
                 a.info.counters.dropped.fetch_add(1, Ordering::Relaxed);
             }
             return;
+        }
+        if !a.full && over(BACKLOG_EVENTS, BACKLOG_BYTES) {
+            a.full = true;
+            a.info.counters.full_marks.fetch_add(1, Ordering::Relaxed);
+            self.shared.hosted.set_full(a.info.service, true);
         }
         if data.len() <= seg {
             a.backlog_bytes += data.len();
@@ -265,6 +288,10 @@ impl AppsHost {
             a.backlog_bytes -= d.len();
             a.produced = true;
             n += 1;
+        }
+        if a.full && a.backlog.len() <= BACKLOG_EVENTS / 2 && a.backlog_bytes <= BACKLOG_BYTES / 2 {
+            a.full = false;
+            self.shared.hosted.set_full(a.info.service, false);
         }
         n
     }
@@ -441,9 +468,16 @@ impl AppsHost {
         // The transports' notices have a service id of their own: a message an application
         // addressed to it could pass for one, so it is refused here.
         let sent = if o.service == NOTICES {
-            Err(SendError::Reserved(NOTICES))
+            Err(reason::REFUSED)
+        } else if let Some(r) = self.local_refusal(node, &o) {
+            Err(reason_code(r))
         } else {
-            node.send(now, o.target, o.service, &o.data, o.opts)
+            match node.send(now, o.target, o.service, &o.data, o.opts) {
+                Ok(()) => Ok(()),
+                Err(SendError::WouldBlock) => return Err(o),
+                Err(SendError::Unreachable) => Err(reason::UNREACHABLE),
+                Err(_) => Err(reason::REFUSED),
+            }
         };
         match sent {
             Ok(()) => {
@@ -452,15 +486,10 @@ impl AppsHost {
                 }
                 Ok(())
             }
-            Err(SendError::WouldBlock) => Err(o),
-            Err(e) => {
+            Err(code) => {
                 let peer = match o.target {
                     Target::Server(c) => c,
                     Target::Key(_) => node.local(),
-                };
-                let code = match e {
-                    SendError::Unreachable => reason::UNREACHABLE,
-                    _ => reason::REFUSED,
                 };
                 self.apps[i]
                     .info
@@ -478,6 +507,23 @@ impl AppsHost {
                 Ok(())
             }
         }
+    }
+
+    /// Why a reliable message for a service on this server itself cannot be taken (nobody
+    /// hosts it, or its application has fallen behind): a message to this server never
+    /// meets a transport, whose refusal would tell the sender.
+    fn local_refusal(&self, node: &dyn Engine, o: &Outgoing) -> Option<FailReason> {
+        if !o.opts.reliable {
+            return None;
+        }
+        let dest = match o.target {
+            Target::Server(c) => c,
+            Target::Key(k) => node.key_root(k)?,
+        };
+        if dest != node.local() {
+            return None;
+        }
+        self.shared.hosted.refusal(o.service)
     }
 
     /// A message for application `i` from the torus.
@@ -661,6 +707,7 @@ fn reason_code(r: FailReason) -> u8 {
         FailReason::Unreachable => reason::UNREACHABLE,
         FailReason::Refused => reason::REFUSED,
         FailReason::NoService => reason::NO_SERVICE,
+        FailReason::ReceiverFull => reason::RECEIVER_FULL,
     }
 }
 

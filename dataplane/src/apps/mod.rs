@@ -58,6 +58,9 @@ pub struct AppCounters {
     pub failed: AtomicU64,
     /// Incoming messages dropped because it did not read them.
     pub dropped: AtomicU64,
+    /// Times its backlog of unread events crossed the mark at which the transports refuse
+    /// reliable messages for it (`ReceiverFull`).
+    pub full_marks: AtomicU64,
     /// Submissions refused as malformed.
     pub bad: AtomicU64,
     /// Return buffers filled.
@@ -144,6 +147,8 @@ pub struct AppStatus {
     pub failed: u64,
     /// Incoming messages dropped because it did not read them.
     pub dropped: u64,
+    /// Times it fell so far behind that reliable messages for it were refused.
+    pub full_marks: u64,
     /// Malformed submissions refused.
     pub bad: u64,
     /// Return buffers filled.
@@ -169,6 +174,7 @@ impl AppsRegistry {
                 acked: g(&a.counters.acked),
                 failed: g(&a.counters.failed),
                 dropped: g(&a.counters.dropped),
+                full_marks: g(&a.counters.full_marks),
                 bad: g(&a.counters.bad),
                 buffers_filled: g(&a.counters.buffers_filled),
             })

@@ -42,6 +42,10 @@ pub enum FailReason {
     /// The peer took the message but no service there does (not, or no longer, hosted):
     /// its transport said so. This can follow the message's acknowledgement.
     NoService,
+    /// The peer took the message but the service it was for had fallen behind (its queue
+    /// at the peer full): nothing of it was delivered; sending again later may succeed.
+    /// Like `NoService`, this can follow the acknowledgement.
+    ReceiverFull,
 }
 
 impl FailReason {
@@ -54,6 +58,7 @@ impl FailReason {
             FailReason::Unreachable => "unreachable",
             FailReason::Refused => "refused",
             FailReason::NoService => "no_service",
+            FailReason::ReceiverFull => "receiver_full",
         }
     }
 }
@@ -67,6 +72,7 @@ impl std::fmt::Display for FailReason {
             FailReason::Unreachable => "the peer is unreachable",
             FailReason::Refused => "the engine refused the message",
             FailReason::NoService => "no service at the peer takes it",
+            FailReason::ReceiverFull => "the service at the peer had no room for it",
         })
     }
 }

@@ -473,8 +473,11 @@ pub struct Stats {
     /// Reliable messages refused here because no service takes them (their senders are
     /// sent a notice).
     pub refused_no_service: u64,
-    /// Messages of this server's services a peer refused (no service there), reported
-    /// failed.
+    /// Reliable messages refused here because their service's queue was full (their
+    /// senders are sent a notice).
+    pub refused_full: u64,
+    /// Messages of this server's services a peer refused (no service there, or its queue
+    /// full), reported failed.
     pub refused_by_peers: u64,
     /// Refused messages no service could be told of: a notice naming a message whose record
     /// is gone, an unreadable notice, or one that could not be sent.
@@ -524,8 +527,9 @@ struct Batch {
 /// has one (in delivery order, so a placer never sees a message before one a fence put ahead
 /// of it), else into the inbox, copied once from the frame.
 ///
-/// A message for a service this server does not host is not delivered: it is listed in
-/// `refused` for a notice to its sender. A notice from the peer is listed in `notices`.
+/// A message for a service this server does not host, or whose queue is full, is not
+/// delivered: it is listed in `refused` for a notice to its sender. A notice from the peer
+/// is listed in `notices`.
 struct Deliver<'a> {
     now: Time,
     src: Coord,
@@ -533,8 +537,8 @@ struct Deliver<'a> {
     inbox: &'a mut Inbox,
     delivered: &'a mut u64,
     hosted: Option<&'a HostedServices>,
-    refused: &'a mut Vec<(u16, u64)>,
-    notices: &'a mut Vec<(u16, u64)>,
+    refused: &'a mut Vec<(u16, u64, FailReason)>,
+    notices: &'a mut Vec<(u16, u64, FailReason)>,
     bad_notices: &'a mut u64,
 }
 
@@ -542,13 +546,16 @@ impl Release for Deliver<'_> {
     fn release(&mut self, msn: u64, service: u16, data: &[u8]) {
         if service == NOTICES {
             match notice::decode(data) {
-                Some(entries) => self.notices.extend(entries),
+                Some((reason, entries)) => self
+                    .notices
+                    .extend(entries.map(|(s, msn)| (s, msn, reason))),
                 None => *self.bad_notices += 1,
             }
             return;
         }
-        if self.hosted.is_some_and(|h| !h.hosts(service)) {
-            self.refused.push((service, msn));
+        if let Some(h) = self.hosted.filter(|h| !h.takes(service)) {
+            let reason = h.refusal(service).unwrap_or(FailReason::NoService);
+            self.refused.push((service, msn, reason));
             return;
         }
         *self.delivered += 1;
@@ -617,13 +624,13 @@ pub struct Transport {
     /// The services this server hosts, when the driver says ([`Transport::set_hosted`]);
     /// without it every service counts as hosted.
     hosted: Option<std::sync::Arc<HostedServices>>,
-    /// Scratch: messages of the frame in hand refused for want of a service, and entries of
-    /// notices it carried.
-    refused: Vec<(u16, u64)>,
-    notices: Vec<(u16, u64)>,
+    /// Scratch: messages of the frame in hand refused (no service, or its queue full), and
+    /// entries of notices it carried.
+    refused: Vec<(u16, u64, FailReason)>,
+    notices: Vec<(u16, u64, FailReason)>,
     notice_buf: Vec<u8>,
-    /// Scratch: (service, tag) of messages of ours the peer's notices named.
-    refused_by_peer: Vec<(u16, u64)>,
+    /// Scratch: (service, tag, why) of messages of ours the peer's notices named.
+    refused_by_peer: Vec<(u16, u64, FailReason)>,
 }
 
 /// Bytes of a SYNC payload: the sender's incarnation (u64) and flags (u8).
@@ -1103,7 +1110,7 @@ impl Transport {
                     batch.messages += 1;
                     if m.flags & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) != 0
                         || m.service == NOTICES
-                        || hosted.is_some_and(|h| !h.hosts(m.service))
+                        || hosted.is_some_and(|h| !h.takes(m.service))
                         || self.placers.get(m.service).is_some()
                     {
                         batch.plain = false;
@@ -1224,10 +1231,10 @@ impl Transport {
         // The peer refused messages of ours: the services that sent them learn which, below.
         // (A notice names the service a message was for; the number alone finds it.)
         if !self.notices.is_empty() {
-            for (_, msn) in self.notices.drain(..) {
+            for (_, msn, why) in self.notices.drain(..) {
                 self.stats.refused_by_peers += 1;
                 match conn.sent.tag_of(msn) {
-                    Some(m) => self.refused_by_peer.push(m),
+                    Some((service, tag)) => self.refused_by_peer.push((service, tag, why)),
                     None => self.stats.notices_unmatched += 1,
                 }
             }
@@ -1245,25 +1252,60 @@ impl Transport {
     }
 
     /// After a frame from `peer`: reports the messages of ours its notices named, and tells
-    /// it which of its messages this server refused (no service takes them). A notice that
-    /// cannot be queued (the queue is full, the peer unreachable) is counted in
-    /// `notices_unmatched`: the peer's messages were refused all the same.
+    /// it which of its messages this server refused (no service takes them, or its queue is
+    /// full), one notice per reason. A notice that cannot be queued (the queue is full, the
+    /// peer unreachable) is counted in `notices_unmatched`: the peer's messages were refused
+    /// all the same.
     #[cold]
     fn settle_refusals(&mut self, now: Time, peer: Coord) {
         if !self.refused_by_peer.is_empty() {
             let failed = std::mem::take(&mut self.refused_by_peer);
-            self.report_failed(peer, failed, FailReason::NoService);
+            for reason in notice::REASONS {
+                let these: Vec<(u16, u64)> = failed
+                    .iter()
+                    .filter(|f| f.2 == reason)
+                    .map(|&(s, t, _)| (s, t))
+                    .collect();
+                if !these.is_empty() {
+                    self.report_failed(peer, these, reason);
+                }
+            }
         }
         let refused = std::mem::take(&mut self.refused);
-        self.stats.refused_no_service += refused.len() as u64;
         let mut buf = std::mem::take(&mut self.notice_buf);
+        for reason in notice::REASONS {
+            let these: Vec<(u16, u64)> = refused
+                .iter()
+                .filter(|r| r.2 == reason)
+                .map(|&(s, msn, _)| (s, msn))
+                .collect();
+            match reason {
+                FailReason::ReceiverFull => self.stats.refused_full += these.len() as u64,
+                _ => self.stats.refused_no_service += these.len() as u64,
+            }
+            self.send_notices(now, peer, reason, &these, &mut buf);
+        }
+        self.notice_buf = buf;
+        self.refused = refused;
+        self.refused.clear();
+    }
+
+    /// Queues notices naming `refused` (all for `reason`) to `peer`.
+    fn send_notices(
+        &mut self,
+        now: Time,
+        peer: Coord,
+        reason: FailReason,
+        refused: &[(u16, u64)],
+        buf: &mut Vec<u8>,
+    ) {
         for chunk in refused.chunks(notice::MAX_ENTRIES) {
-            notice::encode(chunk, &mut buf);
+            notice::encode(reason, chunk, buf);
             let m = Outgoing {
                 dest: peer,
                 service: NOTICES,
                 from: NOTICES,
-                data: &buf,
+                data: buf,
                 reliable: true,
                 fences: Fences::default(),
                 tag: 0,
@@ -1272,9 +1314,6 @@ impl Transport {
                 self.stats.notices_unmatched += chunk.len() as u64;
             }
         }
-        self.notice_buf = buf;
-        self.refused = refused;
-        self.refused.clear();
     }
 
     /// A SYNC from the peer: learn its instance, reset when it changed, answer when it does
