@@ -184,6 +184,9 @@ pub struct Poller {
     /// Events for services whose inbox was full.
     overflow: VecDeque<(u16, Event)>,
     overflow_drops: u64,
+    /// Embedded services whose inbox this poller found full: marked full in the hosted set,
+    /// so transports refuse their reliable messages (senders told) until they catch up.
+    full_inboxes: Vec<u16>,
     /// Messages for a service nobody on this server hosts or attached as.
     no_service: u64,
     /// Reassembly of multi-buffer frames and building of jumbo frames.
@@ -273,6 +276,7 @@ impl Poller {
             inbox_version: u64::MAX,
             overflow: VecDeque::new(),
             overflow_drops: 0,
+            full_inboxes: Vec::new(),
             no_service: 0,
             scratch: vec![0u8; mtu + 14],
             msg_buf: Vec::new(),
@@ -1165,6 +1169,9 @@ impl Poller {
             };
             self.push_event(s, e);
         }
+        if !self.full_inboxes.is_empty() {
+            self.unmark_caught_up();
+        }
         loop {
             let e = match self.node.poll_event_ref() {
                 None => break,
@@ -1284,6 +1291,12 @@ impl Poller {
         match inbox.queue.push(e) {
             Ok(()) => inbox.notify(),
             Err(e) => {
+                // The service has fallen behind: what it has not been sent yet is refused
+                // from now on (its senders told); what was accepted waits here.
+                if !self.full_inboxes.contains(&service) {
+                    self.full_inboxes.push(service);
+                    self.shared.hosted.set_full(service, true);
+                }
                 if self.overflow.len() < 1 << 20 {
                     self.overflow.push_back((service, e));
                 } else {
@@ -1291,6 +1304,23 @@ impl Poller {
                 }
             }
         }
+    }
+
+    /// Lifts the full mark of the embedded services that have read half their inbox and have
+    /// nothing left waiting here.
+    #[cold]
+    fn unmark_caught_up(&mut self) {
+        let (overflow, inboxes, hosted) = (&self.overflow, &self.inboxes, &self.shared.hosted);
+        self.full_inboxes.retain(|&s| {
+            let behind = overflow.iter().any(|(o, _)| *o == s)
+                || inboxes
+                    .get(&s)
+                    .is_some_and(|i| i.queue.len() > i.queue.capacity() / 2);
+            if !behind {
+                hosted.set_full(s, false);
+            }
+            behind
+        });
     }
 
     fn publish(&mut self) {

@@ -27,13 +27,9 @@ fn config(name: &str, coord: &str, links: &[(&str, &str, [u8; 6])], mtu: u32) ->
     NodeConfig::parse(&t).expect("config")
 }
 
-fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
-    let tag = format!(
-        "{}{}{}",
-        std::process::id() % 10000,
-        mtu,
-        u8::from(two_links)
-    );
+/// Two dataplanes, 0,0,0 (A) and 1,0,0 (B), joined by one or two veth pairs in their own
+/// namespaces (which go when the returned handles drop).
+fn start_pair(tag: &str, mtu: u32, two_links: bool) -> (Netns, Netns, Dataplane, Dataplane) {
     let na = Netns::new(&format!("tnpa{tag}")).unwrap();
     let nb = Netns::new(&format!("tnpb{tag}")).unwrap();
     veth_pair(&na, "a-px", &nb, "b-mx", mtu).unwrap();
@@ -71,6 +67,17 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
     })
     .join()
     .unwrap();
+    (na, nb, a, b)
+}
+
+fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
+    let tag = format!(
+        "{}{}{}",
+        std::process::id() % 10000,
+        mtu,
+        u8::from(two_links)
+    );
+    let (_na, _nb, a, b) = start_pair(&tag, mtu, two_links);
     if fault > 0.0 {
         for d in [Dir::PlusX, Dir::MinusX] {
             b.command(Command::SetFault {
@@ -156,4 +163,85 @@ fn one_link_mtu9000_with_loss() {
 #[test]
 fn two_links_mtu9000_with_loss() {
     run(9000, true, 0.02, 5_000, 20_000);
+}
+
+/// An embedded service that stops reading: once its inbox is full, reliable messages for it
+/// are refused at its server and reported to their sender (`ReceiverFull`); when it reads
+/// again it gets every message that was not refused. Nothing accepted is lost.
+#[test]
+fn a_service_that_stops_reading_refuses_and_its_sender_learns() {
+    use torusnet_proto::transport::FailReason;
+    let tag = format!("{}f", std::process::id() % 10000);
+    let (_na, _nb, a, b) = start_pair(&tag, 1500, false);
+    let tx = a.service(101);
+    let rx = b.service(101);
+    let dest = Target::Server(Coord::new(1, 0, 0));
+    let sent = 100_000u64;
+    let mut refused = HashSet::new();
+    fn tally(e: Event, refused: &mut HashSet<u64>) {
+        match e {
+            Event::Failed { tags, reason, .. } => {
+                assert_eq!(reason, FailReason::ReceiverFull);
+                for t in tags {
+                    assert!(refused.insert(t), "message {t} reported twice");
+                }
+            }
+            other => panic!("the sender got {other:?}"),
+        }
+    }
+    for id in 0..sent {
+        let opts = MsgOptions {
+            reliable: true,
+            tag: id,
+            ..MsgOptions::default()
+        };
+        tx.send_blocking(dest, &payload(id, 64), opts, Duration::from_secs(30))
+            .expect("send");
+        while let Some(e) = tx.recv() {
+            tally(e, &mut refused);
+        }
+    }
+    // Only once B has taken or refused every message does the service read again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let t = b.status().engine.transport;
+        if t.messages_delivered + t.refused_full >= sent || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut delivered = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (delivered.len() + refused.len()) < sent as usize && Instant::now() < deadline {
+        while let Some(e) = rx.recv_timeout(Duration::from_millis(10)) {
+            if let Event::Message { data, .. } = e {
+                let id = u64::from_le_bytes(data[..8].try_into().unwrap());
+                assert_eq!(data, payload(id, 64), "message {id} corrupted");
+                assert!(delivered.insert(id), "message {id} delivered twice");
+            }
+        }
+        while let Some(e) = tx.recv() {
+            tally(e, &mut refused);
+        }
+    }
+    let st = b.status();
+    eprintln!(
+        "{sent} sent to a service that stopped reading: {} delivered, {} refused; B: refused_full {}, inbox_overflow {}",
+        delivered.len(),
+        refused.len(),
+        st.engine.transport.refused_full,
+        st.engine.inbox_overflow
+    );
+    assert!(
+        !refused.is_empty(),
+        "the flood beyond the inbox was refused"
+    );
+    assert!(
+        refused.iter().all(|t| !delivered.contains(t)),
+        "a refused message was delivered"
+    );
+    assert_eq!(delivered.len() + refused.len(), sent as usize);
+    assert_eq!(st.engine.inbox_overflow, 0, "nothing accepted was dropped");
+    a.shutdown().unwrap();
+    b.shutdown().unwrap();
 }
