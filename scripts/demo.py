@@ -214,6 +214,76 @@ def applications():
               f"{r.stderr.strip()[-200:]}")
 
 
+def slow_reader():
+    """An application that stops reading: what does not fit its backlog is refused at its
+    server and reported to the sender (ReceiverFull); the rest arrives when it reads again."""
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(ROOT, "target/release"))
+    py = f"import json, sys, time\nsys.path.insert(0, {os.path.join(ROOT, 'client/python')!r})\nimport torusnet\n"
+    slow = py + (
+        f"c = torusnet.Client({STATE + '/2-2-2-apps.sock'!r}, 'demo-slow')\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "n, quiet = 0, time.time()\n"
+        "while time.time() - quiet < 2:\n"
+        "    ev = c.recv(0.2)\n"
+        "    if ev is not None and ev.kind == torusnet.MESSAGE:\n"
+        "        n, quiet = n + 1, time.time()\n"
+        "print(json.dumps({'delivered': n}), flush=True)\n"
+    )
+    flood = py + (
+        f"c = torusnet.Client({STATE + '/0-0-0-apps.sock'!r}, 'demo-flood')\n"
+        "to = torusnet.Address(2, 2, 2, torusnet.service_id('demo-slow'))\n"
+        "sent, refused, other, data = 0, 0, [], bytes(8000)\n"
+        "def take(ev):\n"
+        "    global refused\n"
+        "    if ev is not None and ev.kind == torusnet.FAILED:\n"
+        "        if ev.reason == torusnet.RECEIVER_FULL:\n"
+        "            refused += 1\n"
+        "        else:\n"
+        "            other.append(ev.reason)\n"
+        "t0 = time.time()\n"
+        "while sent < 12000 and time.time() - t0 < 60:\n"
+        "    try:\n"
+        "        c.send(to, data)\n"
+        "        sent += 1\n"
+        "    except torusnet.WouldBlock:\n"
+        "        take(c.recv(0.001))\n"
+        "quiet = time.time()\n"
+        "while time.time() - quiet < 2:\n"
+        "    ev = c.recv(0.2)\n"
+        "    if ev is not None:\n"
+        "        take(ev)\n"
+        "        quiet = time.time()\n"
+        "print(json.dumps({'sent': sent, 'refused': refused, 'other': other}), flush=True)\n"
+    )
+    section("an application that stops reading: \"demo-slow\" on 2,2,2 is flooded from 0,0,0")
+    srv = subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}-2-2-2", "python3", "-c", slow],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True, env=env)
+    with open(f"{STATE}/pids", "a") as f:
+        f.write(f"{srv.pid}\n")
+    try:
+        if srv.stdout.readline().strip() != "ready":
+            print("   demo-slow did not attach")
+            return
+        r = subprocess.run(["ip", "netns", "exec", f"{PREFIX}-0-0-0", "python3", "-c", flood],
+                           capture_output=True, text=True, env=env, timeout=120)
+        srv.stdin.write("read\n")
+        srv.stdin.flush()
+        out, _ = srv.communicate(timeout=120)
+        f = json.loads(r.stdout.strip().splitlines()[-1])
+        d = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError, subprocess.TimeoutExpired, OSError) as e:
+        print(f"   the flood did not complete: {e}")
+        srv.kill()
+        return
+    total = f["refused"] + d["delivered"]
+    verdict = "none lost" if total == f["sent"] and not f["other"] else f"MISMATCH (other failures {f['other']})"
+    print(f"   {f['sent']} reliable messages of 8000 B sent while it did not read: {f['refused']} refused at 2,2,2 "
+          f"once its 64 MiB backlog was full and reported to the sender (reason ReceiverFull), "
+          f"{d['delivered']} delivered when it read again: {total} of {f['sent']}, {verdict}")
+
+
 def remote_memory():
     """One-sided remote memory between applications three hops apart."""
     section("remote memory: an application on 0,0,0 writes and reads a region of one on 2,2,2 (one-sided, 3 hops)")
@@ -468,6 +538,7 @@ def main():
 
     restart_torusd(src)
     applications()
+    slow_reader()
     remote_memory()
     trees()
     churn()
