@@ -1261,11 +1261,7 @@ impl Transport {
         if !self.refused_by_peer.is_empty() {
             let failed = std::mem::take(&mut self.refused_by_peer);
             for reason in notice::REASONS {
-                let these: Vec<(u16, u64)> = failed
-                    .iter()
-                    .filter(|f| f.2 == reason)
-                    .map(|&(s, t, _)| (s, t))
-                    .collect();
+                let these = notice::of_reason(&failed, reason);
                 if !these.is_empty() {
                     self.report_failed(peer, these, reason);
                 }
@@ -1274,11 +1270,7 @@ impl Transport {
         let refused = std::mem::take(&mut self.refused);
         let mut buf = std::mem::take(&mut self.notice_buf);
         for reason in notice::REASONS {
-            let these: Vec<(u16, u64)> = refused
-                .iter()
-                .filter(|r| r.2 == reason)
-                .map(|&(s, msn, _)| (s, msn))
-                .collect();
+            let these = notice::of_reason(&refused, reason);
             match reason {
                 FailReason::ReceiverFull => self.stats.refused_full += these.len() as u64,
                 _ => self.stats.refused_no_service += these.len() as u64,

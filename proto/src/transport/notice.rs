@@ -27,6 +27,15 @@ pub const REASONS: [FailReason; 2] = [FailReason::NoService, FailReason::Receive
 /// Most entries in one notice (a notice stays well inside one frame).
 pub const MAX_ENTRIES: usize = 128;
 
+/// The (service, number) pairs of `entries` that were refused for `reason`.
+pub fn of_reason(entries: &[(u16, u64, FailReason)], reason: FailReason) -> Vec<(u16, u64)> {
+    entries
+        .iter()
+        .filter(|e| e.2 == reason)
+        .map(|&(s, n, _)| (s, n))
+        .collect()
+}
+
 /// Encodes a notice naming `refused` (service, message number), all for `reason` (one of
 /// [`REASONS`]), into `out`.
 pub fn encode(reason: FailReason, refused: &[(u16, u64)], out: &mut Vec<u8>) {
