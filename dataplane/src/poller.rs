@@ -184,6 +184,9 @@ pub struct Poller {
     /// Events for services whose inbox was full.
     overflow: VecDeque<(u16, Event)>,
     overflow_drops: u64,
+    /// Commands for the first poller (events for the services and applications it hosts)
+    /// that found its queue full: retried in order every turn rather than dropped.
+    to_first: VecDeque<Command>,
     /// Embedded services whose inbox this poller found full: marked full in the hosted set,
     /// so transports refuse their reliable messages (senders told) until they catch up.
     full_inboxes: Vec<u16>,
@@ -277,6 +280,7 @@ impl Poller {
             overflow: VecDeque::new(),
             overflow_drops: 0,
             full_inboxes: Vec::new(),
+            to_first: VecDeque::new(),
             no_service: 0,
             scratch: vec![0u8; mtu + 14],
             msg_buf: Vec::new(),
@@ -512,7 +516,9 @@ impl Poller {
         }
         self.me().sleeping.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
-        let mut quiet = self.me().commands.is_empty() && self.me().handoff.is_empty();
+        let mut quiet = self.me().commands.is_empty()
+            && self.me().handoff.is_empty()
+            && self.to_first.is_empty();
         for svc in &mut self.services {
             quiet &= svc.may_sleep();
         }
@@ -1163,6 +1169,9 @@ impl Poller {
             self.inbox_version = v;
         }
         let mut n = 0;
+        if !self.to_first.is_empty() {
+            n += self.retry_to_first();
+        }
         for _ in 0..self.overflow.len() {
             let Some((s, e)) = self.overflow.pop_front() else {
                 break;
@@ -1214,13 +1223,7 @@ impl Poller {
                 Event::Unreachable(_) | Event::Reachable(_) if self.shard != 0 => {}
                 // Services live with the first poller: a reset another one saw goes there.
                 Event::PeerReset { .. } if self.shard != 0 => {
-                    if self.shared.shards[0]
-                        .commands
-                        .push(Command::Broadcast(e))
-                        .is_ok()
-                    {
-                        self.shared.shards[0].wake();
-                    }
+                    self.send_to_first(Command::Broadcast(e));
                 }
                 Event::Unreachable(_) | Event::Reachable(_) | Event::PeerReset { .. } => {
                     self.broadcast(e);
@@ -1244,13 +1247,38 @@ impl Poller {
             return None;
         }
         // Hosted applications live with the first poller: hand it the event.
-        let c = Command::Deliver(id, e);
-        if self.shared.shards[0].commands.push(c).is_err() {
-            self.overflow_drops += 1;
+        self.send_to_first(Command::Deliver(id, e));
+        None
+    }
+
+    /// Hands a command to the first poller, behind any that wait for room in its queue.
+    fn send_to_first(&mut self, c: Command) {
+        if self.to_first.is_empty() {
+            match self.shared.shards[0].commands.push(c) {
+                Ok(()) => self.shared.shards[0].wake(),
+                Err(c) => self.to_first.push_back(c),
+            }
+        } else if self.to_first.len() < 1 << 20 {
+            self.to_first.push_back(c);
         } else {
+            self.overflow_drops += 1;
+        }
+    }
+
+    /// Retries the commands waiting for room in the first poller's queue, in order.
+    fn retry_to_first(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(c) = self.to_first.pop_front() {
+            if let Err(c) = self.shared.shards[0].commands.push(c) {
+                self.to_first.push_front(c);
+                break;
+            }
+            n += 1;
+        }
+        if n > 0 {
             self.shared.shards[0].wake();
         }
-        None
+        n
     }
 
     /// An event every service and application hears of.
