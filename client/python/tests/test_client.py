@@ -135,6 +135,52 @@ def test_a_message_nobody_takes_is_reported_failed(torus):
         assert (ev.frm.x, ev.frm.y, ev.frm.z) == (1, 0, 0)
 
 
+def test_a_reader_that_stops_refuses_and_every_message_is_accounted_for(torus):
+    """12000 reliable messages of 8000 B (96 MB) for an application that does not read:
+    beyond its 64 MiB backlog they are refused at its server and reported to the sender
+    (RECEIVER_FULL); the rest arrives, whole, when it reads again."""
+    with torusnet.Client(sock("1-0-0"), "py-slow") as slow, \
+            torusnet.Client(sock("0-0-0"), "py-flood") as flood:
+        to = slow.address
+        data, sent, tags, refused = os.urandom(8000), 0, set(), set()
+
+        def take(ev):
+            if ev is not None and ev.kind == torusnet.FAILED:
+                assert ev.reason == torusnet.RECEIVER_FULL, ev
+                assert ev.tag in tags and ev.tag not in refused
+                refused.add(ev.tag)
+
+        deadline = time.time() + 60
+        while sent < 12000:
+            assert time.time() < deadline, "the flood did not go out"
+            try:
+                tags.add(flood.send(to, data))
+                sent += 1
+            except torusnet.WouldBlock:
+                take(flood.recv(0.001))
+        # It reads only once the refusals have begun (the rest of the flood may still be
+        # on its way).
+        deadline = time.time() + 20
+        while not refused and time.time() < deadline:
+            take(flood.recv(0.1))
+        delivered = 0
+        deadline = time.time() + 60
+        while delivered + len(refused) < sent:
+            assert time.time() < deadline, f"{delivered} delivered, {len(refused)} refused of {sent}"
+            ev = slow.recv(0.01)
+            while ev is not None:
+                assert ev.kind != torusnet.OVERFLOW, "an accepted message was dropped"
+                if ev.kind == torusnet.MESSAGE:
+                    assert ev.data == data
+                    delivered += 1
+                ev = slow.recv(0)
+            ev = flood.recv(0)
+            while ev is not None:
+                take(ev)
+                ev = flood.recv(0)
+        assert refused and delivered + len(refused) == sent
+
+
 def test_return_buffer_between_two_python_applications(torus):
     with torusnet.Client(sock("1-0-0"), "py-owner") as owner, \
             torusnet.Client(sock("0-0-0"), "py-writer") as writer:
