@@ -89,6 +89,43 @@ pub(super) struct App {
     pub(super) txd_done: u64,
 }
 
+impl App {
+    /// Writes one event (its bytes into the RX data ring) into the channel; false, and
+    /// nothing written, when the channel has no room for it now.
+    fn write_event(&mut self, mut e: Cqe, data: &[u8]) -> bool {
+        let r = self.region;
+        let cq_head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
+        if self.cq_tail.wrapping_sub(cq_head) >= r.geometry().cq_entries {
+            return false;
+        }
+        if !data.is_empty() {
+            let (_, rxd_size) = r.rxd();
+            // The application's head is untrusted: never beyond what we wrote.
+            let head = r
+                .u64(off::RXD_HEAD)
+                .load(Ordering::Acquire)
+                .min(self.rxd_tail);
+            let Some((pos, tail)) =
+                byte_ring_alloc(head, self.rxd_tail, rxd_size, data.len() as u64)
+            else {
+                return false;
+            };
+            if !r.copy_in(r.rxd(), pos % rxd_size, data) {
+                return false;
+            }
+            self.rxd_tail = tail;
+            e.data_pos = pos;
+            e.data_len = data.len() as u32;
+            r.u64(off::RXD_TAIL).store(tail, Ordering::Release);
+        }
+        r.write_cqe(self.cq_tail, &e);
+        self.cq_tail = self.cq_tail.wrapping_add(1);
+        r.u32(off::CQ_TAIL).store(self.cq_tail, Ordering::Release);
+        self.produced = true;
+        true
+    }
+}
+
 /// The host of all attached applications (lives in the first poller).
 pub struct AppsHost {
     pub(super) shared: Arc<Shared>,
@@ -227,6 +264,14 @@ impl AppsHost {
             a.info.counters.full_marks.fetch_add(1, Ordering::Relaxed);
             self.shared.hosted.set_full(a.info.service, true);
         }
+        // Nothing waits before it and the channel has room: straight in, no copy kept.
+        if data.len() <= seg
+            && a.backlog.is_empty()
+            && a.dropped_unreported == 0
+            && a.write_event(e, data)
+        {
+            return;
+        }
         if data.len() <= seg {
             a.backlog_bytes += data.len();
             a.backlog.push_back((e, data.to_vec()));
@@ -255,38 +300,13 @@ impl AppsHost {
             a.dropped_unreported = 0;
             a.backlog.push_back((e, Vec::new()));
         }
-        let r = a.region;
-        let entries = r.geometry().cq_entries;
-        let (_, rxd_size) = r.rxd();
         let mut n = 0;
-        while let Some((e, data)) = a.backlog.front() {
-            let cq_head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
-            if a.cq_tail.wrapping_sub(cq_head) >= entries {
+        while let Some((e, data)) = a.backlog.pop_front() {
+            if !a.write_event(e, &data) {
+                a.backlog.push_front((e, data));
                 break;
             }
-            let mut e = *e;
-            if !data.is_empty() {
-                // The application's head is untrusted: never beyond what we wrote.
-                let head = r.u64(off::RXD_HEAD).load(Ordering::Acquire).min(a.rxd_tail);
-                let Some((pos, tail)) =
-                    byte_ring_alloc(head, a.rxd_tail, rxd_size, data.len() as u64)
-                else {
-                    break;
-                };
-                if !r.copy_in(r.rxd(), pos % rxd_size, data) {
-                    break;
-                }
-                a.rxd_tail = tail;
-                e.data_pos = pos;
-                e.data_len = data.len() as u32;
-                r.u64(off::RXD_TAIL).store(tail, Ordering::Release);
-            }
-            r.write_cqe(a.cq_tail, &e);
-            a.cq_tail = a.cq_tail.wrapping_add(1);
-            r.u32(off::CQ_TAIL).store(a.cq_tail, Ordering::Release);
-            let (_, d) = a.backlog.pop_front().unwrap_or_default();
-            a.backlog_bytes -= d.len();
-            a.produced = true;
+            a.backlog_bytes -= data.len();
             n += 1;
         }
         if a.full && a.backlog.len() <= BACKLOG_EVENTS / 2 && a.backlog_bytes <= BACKLOG_BYTES / 2 {
