@@ -187,9 +187,10 @@ pub struct Poller {
     /// Commands for the first poller (events for the services and applications it hosts)
     /// that found its queue full: retried in order every turn rather than dropped.
     to_first: VecDeque<Command>,
-    /// Embedded services whose inbox this poller found full: marked full in the hosted set,
-    /// so transports refuse their reliable messages (senders told) until they catch up.
-    full_inboxes: Vec<u16>,
+    /// Embedded services whose inbox this poller found full, with how many of their events
+    /// wait in `overflow`: marked full in the hosted set, so transports refuse their
+    /// reliable messages (senders told) until they catch up.
+    full_inboxes: Vec<(u16, usize)>,
     /// Messages for a service nobody on this server hosts or attached as.
     no_service: u64,
     /// Reassembly of multi-buffer frames and building of jumbo frames.
@@ -603,10 +604,7 @@ impl Poller {
                                 Target::Server(c) => c,
                                 Target::Key(_) => self.shared.coord,
                             };
-                            let reason = match e {
-                                SendError::Unreachable => FailReason::Unreachable,
-                                _ => FailReason::Refused,
-                            };
+                            let reason = FailReason::of_send(e);
                             let from = opts.from.unwrap_or(service);
                             let ev = Event::Failed {
                                 peer,
@@ -1172,6 +1170,10 @@ impl Poller {
         if !self.to_first.is_empty() {
             n += self.retry_to_first();
         }
+        // Every waiting event is pushed again: those that find no room count anew.
+        for f in &mut self.full_inboxes {
+            f.1 = 0;
+        }
         for _ in 0..self.overflow.len() {
             let Some((s, e)) = self.overflow.pop_front() else {
                 break;
@@ -1321,11 +1323,16 @@ impl Poller {
             Err(e) => {
                 // The service has fallen behind: what it has not been sent yet is refused
                 // from now on (its senders told); what was accepted waits here.
-                if !self.full_inboxes.contains(&service) {
-                    self.full_inboxes.push(service);
-                    self.shared.hosted.set_full(service, true);
-                }
+                let k = match self.full_inboxes.iter().position(|f| f.0 == service) {
+                    Some(k) => k,
+                    None => {
+                        self.full_inboxes.push((service, 0));
+                        self.shared.hosted.set_full(service, true);
+                        self.full_inboxes.len() - 1
+                    }
+                };
                 if self.overflow.len() < 1 << 20 {
+                    self.full_inboxes[k].1 += 1;
                     self.overflow.push_back((service, e));
                 } else {
                     self.overflow_drops += 1;
@@ -1338,9 +1345,9 @@ impl Poller {
     /// nothing left waiting here.
     #[cold]
     fn unmark_caught_up(&mut self) {
-        let (overflow, inboxes, hosted) = (&self.overflow, &self.inboxes, &self.shared.hosted);
-        self.full_inboxes.retain(|&s| {
-            let behind = overflow.iter().any(|(o, _)| *o == s)
+        let (inboxes, hosted) = (&self.inboxes, &self.shared.hosted);
+        self.full_inboxes.retain(|&(s, waiting)| {
+            let behind = waiting > 0
                 || inboxes
                     .get(&s)
                     .is_some_and(|i| i.queue.len() > i.queue.capacity() / 2);

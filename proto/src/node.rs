@@ -540,6 +540,11 @@ impl Node {
             }
         };
         if dest == self.local {
+            // No transport sees a message to this server, so none would refuse it and tell
+            // its sender: the send does.
+            if let Some(why) = reliable.then(|| self.transport.refusal(service)).flatten() {
+                return Err(SendError::NotTaken(why));
+            }
             self.events.push_back(Event::Message {
                 src: self.local,
                 service,

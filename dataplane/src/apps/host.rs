@@ -489,14 +489,11 @@ impl AppsHost {
         // addressed to it could pass for one, so it is refused here.
         let sent = if o.service == NOTICES {
             Err(reason::REFUSED)
-        } else if let Some(r) = self.local_refusal(node, &o) {
-            Err(reason_code(r))
         } else {
             match node.send(now, o.target, o.service, &o.data, o.opts) {
                 Ok(()) => Ok(()),
                 Err(SendError::WouldBlock) => return Err(o),
-                Err(SendError::Unreachable) => Err(reason::UNREACHABLE),
-                Err(_) => Err(reason::REFUSED),
+                Err(e) => Err(reason_code(FailReason::of_send(e))),
             }
         };
         match sent {
@@ -527,23 +524,6 @@ impl AppsHost {
                 Ok(())
             }
         }
-    }
-
-    /// Why a reliable message for a service on this server itself cannot be taken (nobody
-    /// hosts it, or its application has fallen behind): a message to this server never
-    /// meets a transport, whose refusal would tell the sender.
-    fn local_refusal(&self, node: &dyn Engine, o: &Outgoing) -> Option<FailReason> {
-        if !o.opts.reliable {
-            return None;
-        }
-        let dest = match o.target {
-            Target::Server(c) => c,
-            Target::Key(k) => node.key_root(k)?,
-        };
-        if dest != node.local() {
-            return None;
-        }
-        self.shared.hosted.refusal(o.service)
     }
 
     /// A message for application `i` from the torus.

@@ -49,6 +49,16 @@ pub enum FailReason {
 }
 
 impl FailReason {
+    /// What a failed send reports, where the send had already returned to its caller (an
+    /// application's, handed on by torusd).
+    pub fn of_send(e: super::SendError) -> FailReason {
+        match e {
+            super::SendError::Unreachable => FailReason::Unreachable,
+            super::SendError::NotTaken(why) => why,
+            _ => FailReason::Refused,
+        }
+    }
+
     /// Short name, for counters and reports.
     pub fn name(self) -> &'static str {
         match self {

@@ -294,6 +294,10 @@ pub enum SendError {
     /// fast path.
     #[error("service {0} is reserved for the transport")]
     Reserved(u16),
+    /// A reliable message for a service on this server itself that does not take it now
+    /// (not hosted, or full): refused at the send, since no transport will see it.
+    #[error("the service here does not take it: {0}")]
+    NotTaken(FailReason),
 }
 
 /// Why a frame handed to [`Transport::handle_frame`] was dropped. The transport's state is
@@ -553,8 +557,7 @@ impl Release for Deliver<'_> {
             }
             return;
         }
-        if let Some(h) = self.hosted.filter(|h| !h.takes(service)) {
-            let reason = h.refusal(service).unwrap_or(FailReason::NoService);
+        if let Some(reason) = self.hosted.and_then(|h| h.refusal(service)) {
             self.refused.push((service, msn, reason));
             return;
         }
@@ -704,6 +707,12 @@ impl Transport {
         t.notify = std::mem::take(&mut self.notify);
         t.hosted = self.hosted.take();
         *self = t;
+    }
+
+    /// Why a reliable message for `service` would be refused here now, if it would (never
+    /// without a hosted set).
+    pub fn refusal(&self, service: u16) -> Option<FailReason> {
+        self.hosted.as_deref().and_then(|h| h.refusal(service))
     }
 
     /// From now on, reliable messages for services outside `hosted` are refused and their
