@@ -29,6 +29,23 @@ pub struct Pair {
     pub mtu: u32,
 }
 
+/// How long an echo server serves a ping-pong of `count` round trips at most: a minute, and
+/// two milliseconds per round trip on top (a fixed minute cut off long runs of the blocking
+/// UDP baseline, whose client then failed with "connection refused"). The server also stops
+/// as soon as its client says it is done, having finished or failed.
+fn echo_deadline(count: u32) -> Instant {
+    Instant::now() + Duration::from_secs(60) + Duration::from_millis(2 * u64::from(count))
+}
+
+/// Tells an echo server its client is done when dropped, however the client ends.
+struct DoneOnDrop(Arc<AtomicBool>);
+
+impl Drop for DoneOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 fn pin(core: usize) {
     core_affinity::set_for_current(core_affinity::CoreId { id: core });
 }
@@ -40,6 +57,8 @@ pub fn udp_rtt(p: &Pair, count: u32, size: usize, busy: bool) -> Result<Latency,
     // answered with port-unreachable, which the client's connected socket reports as
     // "connection refused" and the row failed for it.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let done = Arc::new(AtomicBool::new(false));
+    let client_done = DoneOnDrop(done.clone());
     let server = std::thread::spawn(move || -> Result<(), String> {
         enter(&nb).map_err(|e| e.to_string())?;
         pin(1);
@@ -48,32 +67,43 @@ pub fn udp_rtt(p: &Pair, count: u32, size: usize, busy: bool) -> Result<Latency,
         s.set_read_timeout(if busy {
             None
         } else {
-            Some(Duration::from_secs(5))
+            // Short, so that it sees its client done soon after a failure.
+            Some(Duration::from_secs(1))
         })
         .map_err(|e| e.to_string())?;
         let _ = ready_tx.send(());
         let mut buf = vec![0u8; 65536];
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = echo_deadline(count);
         let mut served = 0;
-        while served < count + 1 && Instant::now() < deadline {
+        while served < count + 1 && Instant::now() < deadline && !done.load(Ordering::Acquire) {
             match s.recv_from(&mut buf) {
                 Ok((n, from)) => {
                     s.send_to(&buf[..n], from).map_err(|e| e.to_string())?;
                     served += 1;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                // Busy: nothing yet; blocking: the read timeout, to look at the flag again.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    std::hint::spin_loop()
+                }
                 Err(e) => return Err(format!("udp echo: {e}")),
             }
         }
         Ok(())
     });
     if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
+        drop(client_done);
         return Err(match server.join() {
             Ok(Err(e)) => format!("udp echo: {e}"),
             _ => "udp echo: not ready within 10 s".into(),
         });
     }
     let client = std::thread::spawn(move || -> Result<Vec<u64>, String> {
+        let _done = client_done;
         enter(&na).map_err(|e| e.to_string())?;
         pin(0);
         let s = UdpSocket::bind("10.77.0.1:0").map_err(|e| e.to_string())?;
@@ -305,14 +335,16 @@ pub fn afxdp_rtt(p: &Pair, count: u32, frame_len: usize) -> Result<Latency, Stri
         p.mtu,
     );
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let done = Arc::new(AtomicBool::new(false));
+    let client_done = DoneOnDrop(done.clone());
     let server = std::thread::spawn(move || -> Result<(), String> {
         enter(&nb).map_err(|e| e.to_string())?;
         pin(1);
         let mut s = RawSide::new(&ib, mtu)?;
         let _ = ready_tx.send(());
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = echo_deadline(count);
         let mut served = 0;
-        while served < count + 1 && Instant::now() < deadline {
+        while served < count + 1 && Instant::now() < deadline && !done.load(Ordering::Acquire) {
             if let Some(len) = s.take_frame() {
                 while !s.queue_frame(len, 0) {
                     s.reclaim();
@@ -328,6 +360,7 @@ pub fn afxdp_rtt(p: &Pair, count: u32, frame_len: usize) -> Result<Latency, Stri
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| "raw AF_XDP echo did not start")?;
     let client = std::thread::spawn(move || -> Result<Vec<u64>, String> {
+        let _done = client_done;
         enter(&na).map_err(|e| e.to_string())?;
         pin(0);
         let mut c = RawSide::new(&ia, mtu)?;
