@@ -774,18 +774,38 @@ fn message_at(payload: &[u8], at: usize) -> Result<(usize, u16, u8), WireError> 
 /// them before accepting the frame reads each header once, without building the messages.
 pub fn check_messages(payload: &[u8], watch: u16) -> Result<(u32, u8, bool), WireError> {
     let (mut at, mut count, mut union, mut seen) = (0usize, 0u32, 0u8, false);
-    while at < payload.len() {
-        let (len, service, flags) = message_at(payload, at)?;
-        union |= flags;
-        seen |= service == watch;
-        at += MSG_HEADER_LEN + len;
+    // One bounds check per header and the header read as one word: this runs for every
+    // message received, so it is written for the common case, and a bad header goes the
+    // checking way for its error.
+    while let Some(h) = payload
+        .get(at..at + MSG_HEADER_LEN)
+        .and_then(|h| <[u8; MSG_HEADER_LEN]>::try_from(h).ok())
+    {
+        let len = usize::from(u16::from_be_bytes([h[0], h[1]]));
+        let end = at + MSG_HEADER_LEN + len;
+        if h[4] & !msg_flags::KNOWN != 0 || h[5] != 0 || end > payload.len() {
+            break;
+        }
+        union |= h[4];
+        seen |= u16::from_be_bytes([h[2], h[3]]) == watch;
+        at = end;
         count += 1;
+    }
+    if at < payload.len() {
+        // A header cut short or reserved bits set: the same error the iterator gives.
+        return Err(message_at(payload, at)
+            .err()
+            .unwrap_or(WireError::MessageOverrun {
+                at,
+                len: payload.len(),
+            }));
     }
     Ok((count, union, seen))
 }
 
 /// Writes a message header (length, service, flags) at the start of `buf`, which must hold
 /// at least [`MSG_HEADER_LEN`] bytes.
+#[inline]
 pub fn write_msg_header(buf: &mut [u8], len: u16, service: u16, fl: u8) {
     buf[0..2].copy_from_slice(&len.to_be_bytes());
     buf[2..4].copy_from_slice(&service.to_be_bytes());

@@ -48,7 +48,7 @@ impl ByteRing {
 
     /// Appends a message in wire form: its fixed-size header, then its bytes (one capacity
     /// check, and the header written in place rather than through a `memcpy` call).
-    #[inline]
+    #[inline(always)]
     pub fn push_message<const H: usize>(&mut self, header: &[u8; H], data: &[u8]) {
         let need = self.len + H + data.len();
         let cap = self.buf.len();

@@ -77,6 +77,25 @@ impl TagRun {
         })
     }
 
+    /// These tags followed by one message's `tag`, if they are one run: [`TagRun::then`]
+    /// for the case every small message's send meets.
+    #[inline(always)]
+    pub fn then_one(&self, tag: u64) -> Option<TagRun> {
+        let gap = tag.wrapping_sub(self.last());
+        let step = if self.len > 1 {
+            self.step
+        } else if gap <= 1 {
+            gap as u8
+        } else {
+            return None;
+        };
+        (gap == u64::from(step)).then_some(TagRun {
+            first: self.first,
+            len: self.len.checked_add(1)?,
+            step,
+        })
+    }
+
     /// The first `k` tags (`0 < k <= len`).
     #[inline]
     pub fn head(&self, k: u32) -> TagRun {
@@ -126,5 +145,26 @@ mod tests {
                 .map(|r| r.len()),
             Some(5)
         );
+    }
+
+    #[test]
+    fn joining_one_tag_is_joining_a_run_of_one() {
+        let runs = [
+            TagRun::one(7),
+            TagRun::one(u64::MAX),
+            TagRun::one(4).then(TagRun::one(4)).unwrap(),
+            TagRun::one(7).then(TagRun::one(8)).unwrap(),
+            TagRun::one(u64::MAX).then(TagRun::one(0)).unwrap(),
+        ];
+        for r in runs {
+            for d in [0u64, 1, 2, u64::MAX] {
+                let tag = r.last().wrapping_add(d);
+                assert_eq!(
+                    r.then_one(tag),
+                    r.then(TagRun::one(tag)),
+                    "{r:?} then {tag}"
+                );
+            }
+        }
     }
 }
