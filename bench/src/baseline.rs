@@ -46,6 +46,15 @@ impl Drop for DoneOnDrop {
     }
 }
 
+/// Whether a socket read found nothing (a non-blocking socket) or timed out (a blocking one
+/// with a read timeout): the caller looks at its stop condition and reads again.
+fn nothing_yet(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
 fn pin(core: usize) {
     core_affinity::set_for_current(core_affinity::CoreId { id: core });
 }
@@ -82,14 +91,7 @@ pub fn udp_rtt(p: &Pair, count: u32, size: usize, busy: bool) -> Result<Latency,
                     served += 1;
                 }
                 // Busy: nothing yet; blocking: the read timeout, to look at the flag again.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    std::hint::spin_loop()
-                }
+                Err(e) if nothing_yet(&e) => std::hint::spin_loop(),
                 Err(e) => return Err(format!("udp echo: {e}")),
             }
         }
@@ -175,14 +177,7 @@ pub fn udp_throughput(
                     n += 1;
                     bytes += k as u64;
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    std::hint::spin_loop()
-                }
+                Err(e) if nothing_yet(&e) => std::hint::spin_loop(),
                 Err(e) => return Err(format!("udp receive: {e}")),
             }
         }
