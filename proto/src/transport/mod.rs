@@ -1059,6 +1059,7 @@ impl Transport {
 
     /// The next event, a message's bytes borrowed from the transport (no allocation): for
     /// consumers that copy what they keep.
+    #[inline]
     pub fn poll_event_ref(&mut self) -> Option<EventRef<'_>> {
         self.events.pop_ref()
     }
