@@ -137,7 +137,8 @@ pub struct torus_event {
     pub keyed: c_int,
     /// A reliable message.
     pub reliable: c_int,
-    /// Failure reason: 1 restarted, 2 reset, 3 silent, 4 unreachable, 5 refused.
+    /// Failure reason: 1 restarted, 2 reset, 3 silent, 4 unreachable, 5 refused, 6 no
+    /// service, 7 receiver full (the `TORUS_*` reasons of the header).
     pub reason: c_int,
     /// Bytes of the message (copied into the caller's buffer), or of the filled buffer.
     pub len: usize,
@@ -356,15 +357,7 @@ fn fill(ev: &mut torus_event, e: &Event) -> Option<Vec<u8>> {
         z: p.2,
         service: 0,
     };
-    let reason = |r: FailReason| match r {
-        FailReason::PeerRestarted => 1,
-        FailReason::PeerReset => 2,
-        FailReason::Silent => 3,
-        FailReason::Unreachable => 4,
-        FailReason::Refused => 5,
-        FailReason::NoService => 6,
-        FailReason::ReceiverFull => 7,
-    };
+    let reason = |r: FailReason| i32::from(r.code());
     match e {
         Event::Message {
             from,

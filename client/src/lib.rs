@@ -134,6 +134,19 @@ pub enum FailReason {
 }
 
 impl FailReason {
+    /// Its code in the channel (and in the C API, whose `TORUS_*` reasons are the same).
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            FailReason::PeerRestarted => channel::reason::PEER_RESTARTED,
+            FailReason::PeerReset => channel::reason::PEER_RESET,
+            FailReason::Silent => channel::reason::SILENT,
+            FailReason::Unreachable => channel::reason::UNREACHABLE,
+            FailReason::Refused => channel::reason::REFUSED,
+            FailReason::NoService => channel::reason::NO_SERVICE,
+            FailReason::ReceiverFull => channel::reason::RECEIVER_FULL,
+        }
+    }
+
     fn from_code(c: u8) -> FailReason {
         match c {
             channel::reason::PEER_RESTARTED => FailReason::PeerRestarted,

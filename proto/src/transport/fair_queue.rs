@@ -76,16 +76,31 @@ impl Queued {
     /// groupable) joined to it, if it may join, in a frame of at most `room` payload bytes.
     #[inline]
     fn takes(&self, m: &Queued, need: usize, room: usize) -> Option<TagRun> {
-        if self.groupable
-            && self.dest == m.dest
-            && self.service == m.service
-            && self.reliable == m.reliable
-            && MSG_HEADER_LEN + self.len as usize + need <= room
-        {
+        if self.may_join(m.dest, m.service, m.reliable, need, room) {
             self.tags.then(m.tags)
         } else {
             None
         }
+    }
+
+    /// Whether a groupable message to `dest`'s `service`, of this kind, with `need` bytes in
+    /// wire form, may join this entry in a frame of at most `room` payload bytes (its tags
+    /// aside): the one rule both ways into a queue ([`FairQueue::push_admitting`],
+    /// [`FairQueue::try_join`]) group by.
+    #[inline(always)]
+    fn may_join(
+        &self,
+        dest: Coord,
+        service: u16,
+        reliable: bool,
+        need: usize,
+        room: usize,
+    ) -> bool {
+        self.groupable
+            && self.dest == dest
+            && self.service == service
+            && self.reliable == reliable
+            && MSG_HEADER_LEN + self.len as usize + need <= room
     }
 }
 
@@ -509,12 +524,7 @@ impl FairQueue {
         let Some(t) = sq.meta.back_mut() else {
             return false;
         };
-        if !(t.groupable
-            && t.dest == m.dest
-            && t.service == m.service
-            && t.reliable == m.reliable
-            && MSG_HEADER_LEN + t.len as usize + need <= room)
-        {
+        if !t.may_join(m.dest, m.service, m.reliable, need, room) {
             return false;
         }
         let Some(tags) = t.tags.then_one(m.tag) else {

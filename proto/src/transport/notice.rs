@@ -21,8 +21,14 @@ const NO_SERVICE: u8 = 1;
 const RECEIVER_FULL: u8 = 2;
 const ENTRY: usize = 10;
 
+/// Each reason a notice can give with its kind byte, in the order a receiver settles them.
+const KINDS: [(FailReason, u8); 2] = [
+    (FailReason::NoService, NO_SERVICE),
+    (FailReason::ReceiverFull, RECEIVER_FULL),
+];
+
 /// The reasons a notice can give, in the order a receiver settles them.
-pub const REASONS: [FailReason; 2] = [FailReason::NoService, FailReason::ReceiverFull];
+pub const REASONS: [FailReason; 2] = [KINDS[0].0, KINDS[1].0];
 
 /// Most entries in one notice (a notice stays well inside one frame).
 pub const MAX_ENTRIES: usize = 128;
@@ -40,11 +46,11 @@ pub fn of_reason(entries: &[(u16, u64, FailReason)], reason: FailReason) -> Vec<
 /// [`REASONS`]), into `out`.
 pub fn encode(reason: FailReason, refused: &[(u16, u64)], out: &mut Vec<u8>) {
     out.clear();
-    out.push(if reason == FailReason::ReceiverFull {
-        RECEIVER_FULL
-    } else {
-        NO_SERVICE
-    });
+    let kind = KINDS
+        .iter()
+        .find(|k| k.0 == reason)
+        .map_or(NO_SERVICE, |k| k.1);
+    out.push(kind);
     for &(service, msn) in refused {
         out.extend_from_slice(&service.to_be_bytes());
         out.extend_from_slice(&msn.to_be_bytes());
@@ -55,11 +61,7 @@ pub fn encode(reason: FailReason, refused: &[(u16, u64)], out: &mut Vec<u8>) {
 /// understands (an unknown kind, a torn entry): the caller counts it and ignores it.
 pub fn decode(data: &[u8]) -> Option<(FailReason, impl Iterator<Item = (u16, u64)> + '_)> {
     let (&kind, body) = data.split_first()?;
-    let reason = match kind {
-        NO_SERVICE => FailReason::NoService,
-        RECEIVER_FULL => FailReason::ReceiverFull,
-        _ => return None,
-    };
+    let reason = KINDS.iter().find(|k| k.1 == kind)?.0;
     if body.is_empty() || body.len() % ENTRY != 0 {
         return None;
     }
