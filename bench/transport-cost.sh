@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Instructions per 64-byte message through the transport core (sender + receiver, lossless
-# in-memory link), with and without aggregation, counted by valgrind's callgrind: counts are
-# repeatable on a noisy machine where times are not. The figure is marginal: the difference
-# between runs of N and 2N messages divided by N, so setup and teardown cancel out.
+# in-memory link), with and without aggregation, and per ping-pong round trip, counted by
+# valgrind's callgrind: counts are repeatable on a noisy machine where times are not. The
+# figure is marginal: the difference between runs of N and 2N messages (round trips) divided
+# by N, so setup and teardown cancel out.
 # Writes bench/results/transport-cost.txt with the top functions of the aggregated run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,7 @@ count() { # mode messages -> total instructions
   local f="$out/cg.$1.$2"
   local flag=""
   [ "$1" = off ] && flag="--no-aggregation"
+  [ "$1" = pingpong ] && flag="--pingpong"
   valgrind --tool=callgrind --callgrind-out-file="$f" "$BIN" transport-cost \
     --messages "$2" --size "$SIZE" $flag >/dev/null 2>"$f.log"
   grep -E '^(summary|totals):' "$f" | head -1 | awk '{print $2}'
@@ -34,6 +36,11 @@ mkdir -p bench/results
     per=$(( (b - a) / N ))
     echo "aggregation $mode: $per instructions/message  (N=$N: $a, 2N: $b)"
   done
+  # One message at a time, answered before the next (the RTT rows): what the transport
+  # adds to a round trip, both ends, both directions.
+  a=$(count pingpong "$N")
+  b=$(count pingpong $((2 * N)))
+  echo "ping-pong: $(( (b - a) / N )) instructions/round trip  (N=$N: $a, 2N: $b)"
   echo
   echo "top functions (inclusive), aggregation on, 2N messages:"
   callgrind_annotate --inclusive=yes "$out/cg.on.$((2 * N))" 2>/dev/null |

@@ -26,9 +26,17 @@ pub struct Args {
     /// Link MTU.
     #[arg(long, default_value_t = 1500)]
     mtu: usize,
+    /// Ping-pong instead of a stream: one message at a time, each answered by the
+    /// receiver before the next goes (`--messages` round trips): the transport's share of a
+    /// round trip, as `torus-bench pingpong` runs it between two servers.
+    #[arg(long)]
+    pingpong: bool,
 }
 
 pub fn run(a: &Args) -> Result<(), String> {
+    if a.pingpong {
+        return pingpong(a);
+    }
     let cfg = Config {
         aggregate: !a.no_aggregation,
         mtu: a.mtu,
@@ -95,4 +103,155 @@ pub fn run(a: &Args) -> Result<(), String> {
         s.messages_sent as f64 / s.data_frames.max(1) as f64
     );
     Ok(())
+}
+
+/// One crossing of a ping-pong: frames go between the two ends (`from`'s first) until `to`
+/// has read a message, which it answers with one of the same bytes when `answer` (as the
+/// ping service echoes); at most a few passes, for the handshake of the first trip.
+fn crossing(
+    now: Time,
+    from: &mut Transport,
+    to: &mut Transport,
+    back: Coord,
+    buf: &mut [u8],
+    answer: bool,
+) -> Result<(), String> {
+    let links = |_: Coord| LinkSet::first(1);
+    let mut reply = [0u8; 256];
+    for _ in 0..8 {
+        // As torusd's poller asks: not at all when the transport has nothing.
+        while from.may_transmit() {
+            let Some(t) = from.poll_transmit(now, LinkSet::first(1), &links, buf) else {
+                break;
+            };
+            to.handle_frame(now, &buf[..t.len])
+                .map_err(|e| e.to_string())?;
+        }
+        while let Some(e) = to.poll_event_ref() {
+            if let EventRef::Message { data, .. } = e {
+                let n = data.len().min(reply.len());
+                reply[..n].copy_from_slice(&data[..n]);
+                if answer {
+                    let m = Outgoing {
+                        dest: back,
+                        service: 1,
+                        data: &reply[..n],
+                        reliable: true,
+                        fences: Fences::default(),
+                        tag: 0,
+                        from: 1,
+                    };
+                    to.send(now, m).map_err(|e| e.to_string())?;
+                }
+                return Ok(());
+            }
+        }
+        while to.may_transmit() {
+            let Some(t) = to.poll_transmit(now, LinkSet::first(1), &links, buf) else {
+                break;
+            };
+            from.handle_frame(now, &buf[..t.len])
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Err("a message did not arrive in eight passes".into())
+}
+
+/// What a ping-pong run put on the wire.
+#[derive(Debug, PartialEq, Eq)]
+struct PingCounts {
+    round_trips: u64,
+    data_frames: u64,
+    ack_frames: u64,
+    retransmitted_frames: u64,
+}
+
+/// `--pingpong`: prints the run's counts as JSON.
+fn pingpong(a: &Args) -> Result<(), String> {
+    let c = ping_counts(a)?;
+    println!(
+        "{{\"round_trips\":{},\"data_frames\":{},\"ack_frames\":{},\"retransmitted_frames\":{}}}",
+        black_box(c.round_trips),
+        c.data_frames,
+        c.ack_frames,
+        c.retransmitted_frames
+    );
+    Ok(())
+}
+
+/// One message in flight, answered before the next; the clock moves on by half of a round
+/// trip on this machine at each crossing, so delayed ACKs ride on the answers as they do
+/// between two torusd.
+fn ping_counts(a: &Args) -> Result<PingCounts, String> {
+    let cfg = Config {
+        aggregate: !a.no_aggregation,
+        mtu: a.mtu,
+        ..Config::default()
+    };
+    let (ca, cb) = (Coord::new(0, 0, 0), Coord::new(1, 0, 0));
+    let mut x = Transport::new(ca, cfg);
+    let mut y = Transport::new(cb, cfg);
+    let mut buf = vec![0u8; 14 + a.mtu];
+    let data = vec![0x5a; a.size.min(256)];
+    let half = Duration::from_micros(3);
+    let mut now = Time::ZERO;
+    let mut trips = 0u64;
+    while trips < a.messages {
+        let m = Outgoing {
+            dest: cb,
+            service: 1,
+            data: &data,
+            reliable: true,
+            fences: Fences::default(),
+            tag: trips,
+            from: 1,
+        };
+        x.send(now, m).map_err(|e| e.to_string())?;
+        for t in [&mut x, &mut y] {
+            if t.poll_timeout().is_some_and(|d| d <= now) {
+                t.handle_timeout(now);
+            }
+        }
+        now = now + half;
+        crossing(now, &mut x, &mut y, ca, &mut buf, true)
+            .map_err(|e| format!("round trip {trips}, request: {e}"))?;
+        now = now + half;
+        crossing(now, &mut y, &mut x, cb, &mut buf, false)
+            .map_err(|e| format!("round trip {trips}, answer: {e}"))?;
+        trips += 1;
+    }
+    let (sx, sy) = (x.stats(), y.stats());
+    Ok(PingCounts {
+        round_trips: trips,
+        data_frames: sx.data_frames + sy.data_frames,
+        ack_frames: sx.ack_frames + sy.ack_frames,
+        retransmitted_frames: sx.retransmitted_frames + sy.retransmitted_frames,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ping_pong_is_one_frame_each_way_with_the_ack_on_the_answer() {
+        let a = Args {
+            messages: 500,
+            size: 64,
+            no_aggregation: false,
+            mtu: 1500,
+            pingpong: true,
+        };
+        // The counted loop is the one torusd runs: no ACK frame of its own, nothing sent
+        // twice, one data frame per crossing.
+        assert_eq!(
+            ping_counts(&a),
+            Ok(PingCounts {
+                round_trips: 500,
+                data_frames: 1000,
+                ack_frames: 0,
+                retransmitted_frames: 0,
+            })
+        );
+    }
 }

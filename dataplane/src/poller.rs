@@ -989,6 +989,11 @@ impl Poller {
         // Links frames in transit wait for are theirs first.
         let reserved = self.transit.wanted();
         for _ in 0..BATCH * self.ports.len().max(1) as u32 {
+            // Asked first, before a chunk is taken and the links' room worked out: after a
+            // round trip's answer the engine usually has nothing more, and the kick waits.
+            if !self.node.may_transmit() {
+                break;
+            }
             let mut room = DirSet::EMPTY;
             for p in &mut self.ports {
                 if p.xsk.tx.outstanding() + self.chunks_per_frame <= TX_QUEUE_LIMIT {

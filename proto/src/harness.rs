@@ -532,9 +532,13 @@ pub fn run(sc: &Scenario) -> Report {
                 let usable = net.usable(links, now);
                 let paths = move |_: Coord| usable;
                 let node = if dir == 0 { &mut a } else { &mut b };
+                // A driver skips the call when the transport says it has nothing: it must
+                // never have had a frame then.
+                let may = node.may_transmit();
                 let Some(t) = node.poll_transmit(now, room, &paths, &mut buf) else {
                     break;
                 };
+                assert!(may, "a frame came out after may_transmit said none");
                 net.send(dir, t.link, now, buf[..t.len].to_vec());
             }
         }

@@ -910,6 +910,14 @@ impl Node {
         Some((dir, len, t.kept))
     }
 
+    /// Whether [`Node::poll_transmit`] might have a frame (see
+    /// [`Transport::may_transmit`](transport::Transport::may_transmit)): `false` means none,
+    /// and the driver may skip the call.
+    #[inline]
+    pub fn may_transmit(&self) -> bool {
+        self.source_used || !self.key_out.is_empty() || self.transport.may_transmit()
+    }
+
     /// Where the frame the last `poll_transmit` call built stops being written, and the
     /// value its bytes from there to its end have
     /// ([`transport::Config::declare_tails`]; `None`: every byte written).

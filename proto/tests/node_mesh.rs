@@ -62,9 +62,15 @@ impl Mesh {
                 if !self.up[i] {
                     continue;
                 }
-                while let Some((dir, len)) =
-                    self.nodes[i].poll_transmit(self.now, DirSet::ALL, &mut buf)
-                {
+                loop {
+                    let may = self.nodes[i].may_transmit();
+                    let Some((dir, len)) =
+                        self.nodes[i].poll_transmit(self.now, DirSet::ALL, &mut buf)
+                    else {
+                        break;
+                    };
+                    // A driver skips poll_transmit when may_transmit says no.
+                    assert!(may, "node {i} sent a frame after may_transmit said none");
                     self.send_frame(i, dir, buf[..len].to_vec());
                     moved = true;
                 }

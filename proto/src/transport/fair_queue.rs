@@ -621,6 +621,11 @@ impl FairQueue {
         Ok(())
     }
 
+    /// Whether no service has a message waiting.
+    pub fn is_empty(&self) -> bool {
+        self.queues.iter().all(ServiceQueue::is_empty)
+    }
+
     /// Number of services known.
     pub fn services(&self) -> usize {
         self.queues.len()

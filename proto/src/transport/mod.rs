@@ -1635,6 +1635,16 @@ impl Transport {
         self.poll_data(now, room, paths, buf, keep)
     }
 
+    /// Whether [`Transport::poll_transmit`] might have a frame: a restart to announce, a
+    /// peer with an ACK, NACK, handshake or retransmission to send, or a message queued.
+    /// `false` means it has none, so a driver need not find it a buffer and a link to ask;
+    /// `true` may still come to nothing (no room, a closed window). A round trip's answer
+    /// leaves without that last fruitless call before its kick.
+    #[inline]
+    pub fn may_transmit(&self) -> bool {
+        !(self.announce.is_empty() && self.urgent.is_empty() && self.queues.is_empty())
+    }
+
     /// Where the frame built by the last `poll_transmit` call stops being written, and the
     /// value its bytes from there to its end have ([`Config::declare_tails`]; `None`: every
     /// byte written).
