@@ -71,6 +71,10 @@ pub struct RecvWindow {
     reorder: u64,
     /// In-order arrivals since the reordering estimate last decayed.
     calm: u32,
+    /// `ack_delay` and its cap ([`ACK_DELAY_CAP`] delays) in nanoseconds: every frame
+    /// moves the delayed ACK, and `Time + Duration` converts through 128 bits each time.
+    ack_delay_ns: u64,
+    ack_cap_ns: u64,
 }
 
 impl RecvWindow {
@@ -92,6 +96,10 @@ impl RecvWindow {
             repair: None,
             reorder: 0,
             calm: 0,
+            ack_delay_ns: u64::try_from(cfg.ack_delay.as_nanos()).unwrap_or(u64::MAX),
+            ack_cap_ns: u64::try_from(cfg.ack_delay.as_nanos())
+                .unwrap_or(u64::MAX)
+                .saturating_mul(u64::from(ACK_DELAY_CAP)),
         }
     }
 
@@ -179,8 +187,11 @@ impl RecvWindow {
             // delay, and a timer from the first frame sent an ACK every 40 frames instead of
             // 64. A frame that ends a burst is acknowledged `ack_delay` after it, as before.
             let first = *self.ack_first.get_or_insert(now);
-            self.ack_deadline =
-                Some((now + self.cfg.ack_delay).min(first + self.cfg.ack_delay * ACK_DELAY_CAP));
+            self.ack_deadline = Some(Time(
+                now.0
+                    .saturating_add(self.ack_delay_ns)
+                    .min(first.0.saturating_add(self.ack_cap_ns)),
+            ));
         }
     }
 

@@ -23,6 +23,11 @@ pub struct SendConfig {
     pub initial_rto: Duration,
 }
 
+/// A duration in nanoseconds, saturating (the bounds are milliseconds).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// A frame in flight.
 #[derive(Debug)]
 struct Inflight {
@@ -47,8 +52,15 @@ pub struct SendWindow {
     retx: VecDeque<u64>,
     rto_deadline: Option<Time>,
     backoff: u32,
-    srtt: Option<Duration>,
-    rttvar: Duration,
+    /// The round-trip estimate in nanoseconds, as [`Time`] counts: `Duration` arithmetic
+    /// (normalising seconds and nanoseconds at every step) was a tenth of a ping-pong's
+    /// transport work.
+    srtt_ns: Option<u64>,
+    rttvar_ns: u64,
+    /// The configuration's bounds, in nanoseconds.
+    min_rto_ns: u64,
+    max_rto_ns: u64,
+    initial_rto_ns: u64,
     /// The first sequence number the peer's receive window does not cover (None: the peer
     /// states none, and only our own window limits).
     peer_edge: Option<u64>,
@@ -65,8 +77,11 @@ impl SendWindow {
             retx: VecDeque::new(),
             rto_deadline: None,
             backoff: 0,
-            srtt: None,
-            rttvar: Duration::ZERO,
+            srtt_ns: None,
+            rttvar_ns: 0,
+            min_rto_ns: nanos(cfg.min_rto),
+            max_rto_ns: nanos(cfg.max_rto),
+            initial_rto_ns: nanos(cfg.initial_rto),
             peer_edge: None,
         }
     }
@@ -123,43 +138,53 @@ impl SendWindow {
         });
         self.next += 1;
         if self.rto_deadline.is_none() {
-            self.rto_deadline = Some(now + self.rto());
+            self.rto_deadline = Some(self.rto_from(now));
         }
     }
 
     /// The current retransmission timeout: srtt + 4 rttvar, clamped, doubled per backoff.
     pub fn rto(&self) -> Duration {
-        let base = match self.srtt {
-            Some(s) => s + 4 * self.rttvar,
-            None => self.cfg.initial_rto,
+        Duration::from_nanos(self.rto_ns())
+    }
+
+    fn rto_ns(&self) -> u64 {
+        let base = match self.srtt_ns {
+            Some(s) => s.saturating_add(self.rttvar_ns.saturating_mul(4)),
+            None => self.initial_rto_ns,
         };
-        let base = base.clamp(self.cfg.min_rto, self.cfg.max_rto);
-        (base * (1u32 << self.backoff.min(6))).min(self.cfg.max_rto)
+        let base = base.clamp(self.min_rto_ns, self.max_rto_ns);
+        base.saturating_mul(1u64 << self.backoff.min(6))
+            .min(self.max_rto_ns)
+    }
+
+    /// When a timeout started at `now` expires.
+    fn rto_from(&self, now: Time) -> Time {
+        Time(now.0.saturating_add(self.rto_ns()))
     }
 
     /// How long to wait before answering another NACK for the same frame: about one
     /// round trip, so that one loss is not repaired several times.
     fn retx_guard(&self) -> Duration {
-        self.srtt.unwrap_or(self.cfg.min_rto / 4)
+        Duration::from_nanos(self.srtt_ns.unwrap_or(self.min_rto_ns / 4))
     }
 
-    fn sample_rtt(&mut self, rtt: Duration) {
-        match self.srtt {
+    fn sample_rtt(&mut self, rtt_ns: u64) {
+        match self.srtt_ns {
             None => {
-                self.srtt = Some(rtt);
-                self.rttvar = rtt / 2;
+                self.srtt_ns = Some(rtt_ns);
+                self.rttvar_ns = rtt_ns / 2;
             }
             Some(s) => {
-                let diff = s.abs_diff(rtt);
-                self.rttvar = (self.rttvar * 3 + diff) / 4;
-                self.srtt = Some((s * 7 + rtt) / 8);
+                let diff = s.abs_diff(rtt_ns);
+                self.rttvar_ns = (self.rttvar_ns.saturating_mul(3).saturating_add(diff)) / 4;
+                self.srtt_ns = Some(s.saturating_mul(7).saturating_add(rtt_ns) / 8);
             }
         }
     }
 
     /// The smoothed round-trip time, once measured.
     pub fn srtt(&self) -> Option<Duration> {
-        self.srtt
+        self.srtt_ns.map(Duration::from_nanos)
     }
 
     /// Handles an acknowledgement: `cum_wire` cumulative, `sack` the selective bitmap (if
@@ -195,7 +220,7 @@ impl SendWindow {
             };
             clean &= !f.retransmitted && !f.sacked;
             if self.una + 1 == cum {
-                sample = Some(now.since(f.sent_at));
+                sample = Some(now.0.saturating_sub(f.sent_at.0));
             }
             pool.give_frame(f.bytes);
             self.una += 1;
@@ -206,7 +231,7 @@ impl SendWindow {
         }
         if retired > 0 {
             self.backoff = 0;
-            self.rto_deadline = (self.una < self.next).then(|| now + self.rto());
+            self.rto_deadline = (self.una < self.next).then(|| self.rto_from(now));
         }
         let mut highest_sacked = None;
         if let Some(mut bits) = sack {
@@ -264,7 +289,7 @@ impl SendWindow {
             }
         }
         self.backoff += 1;
-        self.rto_deadline = Some(now + self.rto());
+        self.rto_deadline = Some(self.rto_from(now));
         queued
     }
 
