@@ -508,8 +508,9 @@ impl FairQueue {
     /// not apply, and the caller goes the general way ([`FairQueue::push_admitting`]), which
     /// would have done the same. Everything a new entry needs (its record, the admission, a
     /// look for a run of one byte value) is skipped; what is checked is what the general
-    /// way checks before joining a message to a group.
-    #[inline]
+    /// way checks before joining a message to a group. Always inline, as
+    /// `Transport::send_hinted` is: it is the whole of a joining send.
+    #[inline(always)]
     pub fn try_join(&mut self, from: u16, m: &Joining<'_>) -> bool {
         let Some(sq) = self.queues.get_mut(self.last) else {
             return false;

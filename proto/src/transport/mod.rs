@@ -922,7 +922,7 @@ impl Transport {
     }
 
     /// Queues a message. Refused (nothing taken) when the service's queue is full.
-    #[inline]
+    #[inline(always)]
     pub fn send(&mut self, now: Time, m: Outgoing<'_>) -> Result<(), SendError> {
         self.send_hinted(now, m, None)
     }
@@ -940,7 +940,11 @@ impl Transport {
     /// [`Transport::send`], with `run` the value every byte of the message has if the
     /// caller looked (once for many sends of the same bytes, as the simulator does): a
     /// compacting queue then does not look again.
-    #[inline]
+    ///
+    /// Always inline: the join is a few dozen instructions, and the compiler, left to
+    /// choose, stopped inlining it once a second caller appeared in a crate (a call per
+    /// message, 342 -> 381 instructions in `bench/transport-cost.sh`).
+    #[inline(always)]
     pub(crate) fn send_hinted(
         &mut self,
         now: Time,
@@ -2058,7 +2062,10 @@ fn build_data_frame(
     let prog = q.head_progress();
     let whole_fits = prog.sent == 0 && head.len as usize + MSG_HEADER_LEN <= room;
     let plen;
-    if cfg.aggregate && whole_fits {
+    // A message alone in its queue goes in a plain frame: there is nothing to aggregate,
+    // and planning a frame of one and checking its message header on arrival cost a round
+    // trip more than the frame's own work (docs/transport.md, "CPU cost").
+    if cfg.aggregate && whole_fits && q.len() > 1 {
         h.flags |= flags::AGGREGATED;
         let mut first_msn = None;
         let fence_before = conn.last_fwd;
