@@ -146,14 +146,17 @@ impl Service for Ping {
                 ..
             } => match data.first() {
                 Some(b'Q') => {
-                    let mut echo = data.clone();
-                    echo[0] = b'R';
+                    // Built in the service's own buffer: no allocation per echo on the path
+                    // of every round trip.
+                    self.buf.clear();
+                    self.buf.extend_from_slice(data);
+                    self.buf[0] = b'R';
                     let opts = MsgOptions {
                         reliable: *reliable,
                         ..MsgOptions::default()
                     };
                     // An echo that cannot be queued is a lost pong, as on any network.
-                    let _ = node.send(now, Target::Server(*src), PING, &echo, opts);
+                    let _ = node.send(now, Target::Server(*src), PING, &self.buf, opts);
                 }
                 Some(b'R') => {
                     let seq = data
