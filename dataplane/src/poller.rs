@@ -9,10 +9,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use torusnet_proto::node::{Event, EventRef, Node, RxAction, Target};
+use torusnet_proto::node::{Event, EventRef, Node, Received, RxAction, Target};
 use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
-use torusnet_proto::topology::{Dir, DirSet};
+use torusnet_proto::topology::{Coord, Dir, DirSet};
 use torusnet_proto::transport::{FailReason, Keep, SendError};
 use torusnet_proto::wire::{Dest, FrameView, Header, Kind, HEADERS_LEN};
 
@@ -198,6 +198,9 @@ pub struct Poller {
     /// The buffer a message for a hosted service is copied into (services read events by
     /// reference, so it comes back and is reused: no allocation per message).
     msg_buf: Vec<u8>,
+    /// Messages the engine lent from their frames this turn and this poller handed on
+    /// (`Node::handle_rx_lending`): deliveries, for the turn's answer to go at once.
+    lent: usize,
     view_version: u64,
     /// When the engine's snapshot was last published (None: not yet).
     last_snapshot: Option<Time>,
@@ -285,6 +288,7 @@ impl Poller {
             no_service: 0,
             scratch: vec![0u8; mtu + 14],
             msg_buf: Vec::new(),
+            lent: 0,
             view_version: 1,
             last_snapshot: None,
             services: Vec::new(),
@@ -427,7 +431,7 @@ impl Poller {
             }
             // Events before transmitting: a service has a message before the ACK of its
             // frame can leave (the delivery contract, docs/transport.md).
-            let delivered = self.deliver_events();
+            let delivered = self.deliver_events() + std::mem::take(&mut self.lent);
             work += delivered;
             if delivered > 0 {
                 // What the services answered goes now, not after every service's poll: a
@@ -738,8 +742,27 @@ impl Poller {
             self.umem.release(d.addr);
             return;
         }
+        let lend = self.may_lend();
         let frame = self.umem.slice_mut(d.addr, d.len as usize);
-        match self.node.handle_rx(now, dir, frame) {
+        let action = if lend {
+            match self.node.handle_rx_lending(now, dir, frame) {
+                Received::Message(m) => {
+                    // Its one copy, straight from the UMEM chunk into the buffer the
+                    // consumer reads.
+                    let mut data = std::mem::take(&mut self.msg_buf);
+                    data.clear();
+                    data.extend_from_slice(m.data);
+                    let (src, service, reliable) = (m.src, m.service, m.reliable);
+                    self.umem.release(d.addr);
+                    self.deliver_lent(src, service, reliable, data);
+                    return;
+                }
+                Received::Action(a) => a,
+            }
+        } else {
+            self.node.handle_rx(now, dir, frame)
+        };
+        match action {
             RxAction::Consumed => self.umem.release(d.addr),
             RxAction::Drop(r) => {
                 self.counters(i).drop(r);
@@ -784,7 +807,24 @@ impl Poller {
             }
             let now = self.now();
             let mut scratch = std::mem::take(&mut self.scratch);
-            let action = self.node.handle_rx(now, dir, &mut scratch[..total]);
+            let action = if self.may_lend() {
+                match self.node.handle_rx_lending(now, dir, &mut scratch[..total]) {
+                    Received::Message(m) => {
+                        let mut data = std::mem::take(&mut self.msg_buf);
+                        data.clear();
+                        data.extend_from_slice(m.data);
+                        let (src, service, reliable) = (m.src, m.service, m.reliable);
+                        self.scratch = scratch;
+                        self.release_parts(&parts);
+                        self.recycle_parts(i, parts);
+                        self.deliver_lent(src, service, reliable, data);
+                        return;
+                    }
+                    Received::Action(a) => a,
+                }
+            } else {
+                self.node.handle_rx(now, dir, &mut scratch[..total])
+            };
             match action {
                 RxAction::Consumed => self.release_parts(&parts),
                 RxAction::Drop(r) => {
@@ -1164,13 +1204,44 @@ impl Poller {
         }
     }
 
-    /// Hands the engine's events to the hosted services and the applications' inboxes.
-    fn deliver_events(&mut self) -> usize {
+    /// Whether a message the engine lends may go to its consumer at once: nothing of this
+    /// poller's waits to be handed on before it (events held for a full inbox, commands for
+    /// the first poller), so lending keeps every service's order. The engine checks its
+    /// own queue.
+    fn may_lend(&self) -> bool {
+        self.overflow.is_empty() && self.to_first.is_empty()
+    }
+
+    /// Hands on a message the engine lent from its frame (already copied into `data`, its
+    /// only copy on the way in), as `deliver_events` would have handed it on as the next
+    /// event.
+    fn deliver_lent(&mut self, src: Coord, service: u16, reliable: bool, data: Vec<u8>) {
+        self.refresh_inboxes();
+        self.lent += 1;
+        let e = Event::Message {
+            src,
+            service,
+            data,
+            reliable,
+            key: None,
+        };
+        if let Some(Event::Message { data, .. }) = self.dispatch(service, e) {
+            self.msg_buf = data;
+        }
+    }
+
+    /// Takes a fresh copy of the applications' inboxes when they changed.
+    fn refresh_inboxes(&mut self) {
         let v = self.shared.services_version.load(Ordering::Acquire);
         if v != self.inbox_version {
             self.inboxes = self.shared.services.lock().clone();
             self.inbox_version = v;
         }
+    }
+
+    /// Hands the engine's events to the hosted services and the applications' inboxes.
+    fn deliver_events(&mut self) -> usize {
+        self.refresh_inboxes();
         let mut n = 0;
         if !self.to_first.is_empty() {
             n += self.retry_to_first();

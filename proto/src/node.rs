@@ -33,9 +33,11 @@ pub enum RxAction {
 /// What a frame handed to [`Node::handle_rx_lending`] came to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Received<'f> {
-    /// A short message for a local service, borrowed from the frame (the engine queued no
-    /// copy of it): the next event, as [`Event::Message`] with `reliable: false` and no
-    /// key. The frame is consumed once the caller is done with it.
+    /// A message for a local service, borrowed from the frame (the engine queued no copy
+    /// of it): the next event, as [`Event::Message`] with the lent `reliable` and no key.
+    /// A reliable one is lent only when it is whole in its frame, the next of its
+    /// connection, unfenced or its fence passed, and for no placer. The frame is consumed
+    /// once the caller is done with it.
     Message(transport::Lent<'f>),
     /// Anything else: what [`Node::handle_rx`] would have returned.
     Action(RxAction),
@@ -587,11 +589,11 @@ impl Node {
         }
     }
 
-    /// As [`Node::handle_rx`], but a short message for this server that no event is
-    /// queued ahead of comes back borrowed from `frame` ([`Received::Message`]) instead of
-    /// being copied into the engine's inbox: the caller hands it on as the next event it
-    /// would have polled, then frees the frame. (A simulator of thousands of servers, or a
-    /// driver delivering from its receive buffers, saves a copy per message.)
+    /// As [`Node::handle_rx`], but a message for this server that no event is queued
+    /// ahead of comes back borrowed from `frame` ([`Received::Message`]) instead of being
+    /// copied into the engine's inbox: the caller hands it on as the next event it would
+    /// have polled, then frees the frame. (A simulator of thousands of servers, or a driver
+    /// delivering from its receive buffers, saves a copy per message.)
     pub fn handle_rx_lending<'f>(
         &mut self,
         now: Time,

@@ -324,8 +324,13 @@ fn lent_messages_are_those_handle_rx_queues_and_never_overtake() {
     // Nothing queued: lent, and nothing left to poll.
     let (dir, mut f) = frames.remove(0);
     match rx.handle_rx_lending(Time::ZERO, dir.opposite(), &mut f) {
-        Received::Message(Lent { src, service, data }) => {
-            assert_eq!((src, service), (a, 5));
+        Received::Message(Lent {
+            src,
+            service,
+            data,
+            reliable,
+        }) => {
+            assert_eq!((src, service, reliable), (a, 5, false));
             assert_eq!(data, &vec![1u8; 1400][..]);
         }
         other => panic!("not lent: {other:?}"),
@@ -350,4 +355,152 @@ fn lent_messages_are_those_handle_rx_queues_and_never_overtake() {
         .collect();
     assert_eq!(got, vec![vec![2u8; 40], vec![3u8; 300]]);
     assert_eq!(rx.transport_stats().messages_delivered, 3);
+}
+
+/// What one receiver handed its services, in order: (service, bytes, reliable).
+type Deliveries = Vec<(u16, Vec<u8>, bool)>;
+
+/// One sender streams reliable messages (fenced and not, some fragmented, some alone in
+/// their queue) and short ones to one receiver over a link that reorders and duplicates
+/// frames; the receiver takes every frame with `handle_rx_lending` when `lending`, else
+/// with `handle_rx`, and drains its events after most frames (not all: a service that falls
+/// behind leaves events waiting). Seeded: both ways see the same frames in the same order.
+fn deliveries(lending: bool, seed: u64) -> (Deliveries, u64, usize) {
+    let dims = Dims::new(3, 1, 1).unwrap();
+    let view = LinkView::all_up(dims).unwrap();
+    let (a, b) = (Coord::new(0, 0, 0), Coord::new(1, 0, 0));
+    let mut tx = Node::new(a, view.clone(), Config::default()).unwrap();
+    let mut rx = Node::new(b, view, Config::default()).unwrap();
+    let mut rng = torusnet_proto::rng::SplitMix64::new(seed);
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1514];
+    let mut now = Time::ZERO;
+    let mut sent = 0u32;
+    let mut lent_reliable = 0;
+    let record = |e: Event, got: &mut Deliveries| {
+        if let Event::Message {
+            service,
+            data,
+            reliable,
+            ..
+        } = e
+        {
+            got.push((service, data, reliable));
+        }
+    };
+    for _round in 0..4000 {
+        // A few messages a round: sometimes one alone, sometimes a burst to aggregate.
+        let burst = 1 + rng.next_u64() % 4;
+        for _ in 0..burst {
+            if sent >= 600 {
+                break;
+            }
+            let r = rng.next_u64();
+            let len = match r % 5 {
+                0 => 3000 + (r >> 8) as usize % 2000,
+                1 => 600,
+                _ => 8 + (r >> 8) as usize % 120,
+            };
+            let opts = MsgOptions {
+                reliable: !r.is_multiple_of(7),
+                fences: torusnet_proto::transport::Fences {
+                    backward: (r >> 20).is_multiple_of(9),
+                    forward: (r >> 24).is_multiple_of(11),
+                },
+                tag: u64::from(sent),
+                ..MsgOptions::default()
+            };
+            let mut m = vec![(sent % 251) as u8; len];
+            m[..4].copy_from_slice(&sent.to_le_bytes());
+            let short_too_big = !opts.reliable && len > 1300;
+            if short_too_big {
+                continue;
+            }
+            if tx.send(now, Target::Server(b), 7, &m, opts).is_ok() {
+                sent += 1;
+            }
+        }
+        // Frames from the sender, shuffled a little and sometimes repeated.
+        let mut out = Vec::new();
+        while let Some((dir, n)) = tx.poll_transmit(now, DirSet::ALL, &mut buf) {
+            out.push((dir, buf[..n].to_vec()));
+            if rng.next_u64().is_multiple_of(20) {
+                out.push((dir, buf[..n].to_vec()));
+            }
+        }
+        for k in (1..out.len()).rev() {
+            if rng.next_u64().is_multiple_of(3) {
+                let j = (rng.next_u64() % (k as u64 + 1)) as usize;
+                out.swap(k, j);
+            }
+        }
+        for (dir, mut f) in out {
+            if lending {
+                match rx.handle_rx_lending(now, dir.opposite(), &mut f) {
+                    Received::Message(Lent {
+                        service,
+                        data,
+                        reliable,
+                        ..
+                    }) => {
+                        lent_reliable += usize::from(reliable);
+                        got.push((service, data.to_vec(), reliable));
+                    }
+                    Received::Action(_) => {}
+                }
+            } else {
+                rx.handle_rx(now, dir.opposite(), &mut f);
+            }
+            // Sometimes the services fall behind: events wait while more frames arrive,
+            // and nothing lent may overtake them.
+            if !rng.next_u64().is_multiple_of(3) {
+                while let Some(e) = rx.poll_event() {
+                    record(e, &mut got);
+                }
+            }
+        }
+        // The receiver's handshake, ACKs and NACKs back, in order.
+        while let Some((dir, n)) = rx.poll_transmit(now, DirSet::ALL, &mut buf) {
+            let mut f = buf[..n].to_vec();
+            tx.handle_rx(now, dir.opposite(), &mut f);
+        }
+        now = now + std::time::Duration::from_micros(20);
+        for n in [&mut tx, &mut rx] {
+            if n.poll_timeout().is_some_and(|t| t <= now) {
+                n.handle_timeout(now);
+            }
+        }
+        while let Some(e) = rx.poll_event() {
+            record(e, &mut got);
+        }
+        while tx.poll_event().is_some() {}
+    }
+    (got, rx.transport_stats().messages_delivered, lent_reliable)
+}
+
+/// Reliable messages lent from their frames are exactly the ones, in exactly the order,
+/// that `handle_rx` would have queued: fences, fragments, aggregation, reordering and
+/// duplicates change nothing about what a service is handed.
+#[test]
+fn lending_hands_out_what_queueing_would_in_the_same_order() {
+    for seed in 1..=4 {
+        let (queued, nq, _) = deliveries(false, seed);
+        let (lent, nl, lent_reliable) = deliveries(true, seed);
+        // Not vacuous: many reliable messages were lent, many others queued.
+        assert!(lent_reliable > 50, "seed {seed}: {lent_reliable} lent");
+        assert!(
+            queued.len() > 400,
+            "seed {seed}: only {} delivered",
+            queued.len()
+        );
+        assert!(
+            queued.iter().filter(|m| m.2).count() > 300,
+            "seed {seed}: too few reliable"
+        );
+        assert_eq!(queued.len(), lent.len(), "seed {seed}");
+        for (k, (q, l)) in queued.iter().zip(&lent).enumerate() {
+            assert_eq!(q, l, "seed {seed}: delivery {k} differs");
+        }
+        assert_eq!(nq, nl, "seed {seed}: delivered counts");
+    }
 }

@@ -89,12 +89,12 @@ fn offset_in(base: usize, len: usize, data: &[u8]) -> Option<usize> {
 }
 
 /// An unreliable message received, as the event the engine would have made of it.
-fn message(src: crate::topology::Coord, service: u16, data: Vec<u8>) -> Event {
+fn message(src: crate::topology::Coord, service: u16, data: Vec<u8>, reliable: bool) -> Event {
     Event::Message {
         src,
         service,
         data,
-        reliable: false,
+        reliable,
         key: None,
     }
 }
@@ -662,7 +662,12 @@ impl Part {
         let mut whole = self.pool.expand(frame);
         let (base, whole_len) = (whole.as_ptr() as usize, whole.len());
         let a = match self.nodes[n].handle_rx_lending(t, dir.opposite(), &mut whole) {
-            Received::Message(Lent { src, service, data }) => {
+            Received::Message(Lent {
+                src,
+                service,
+                data,
+                reliable,
+            }) => {
                 // The message becomes the event in the frame's own buffer, moved
                 // to its front while the buffer is still in the cache (a copy into
                 // another buffer, long cold, cost about 6% of the run).
@@ -678,7 +683,7 @@ impl Part {
                     None => self.pool.copy_of(data),
                 };
                 self.events
-                    .push((t, key, far, message(src, service, data), None));
+                    .push((t, key, far, message(src, service, data, reliable), None));
                 RxAction::Consumed
             }
             Received::Action(a) => a,
@@ -704,7 +709,12 @@ impl Part {
         let (mut whole, head, fill) = self.pool.expand_on_run(frame);
         let base = whole.as_ptr() as usize;
         let action = match self.nodes[n].handle_rx_lending(t, dir.opposite(), &mut whole[..len]) {
-            Received::Message(Lent { src, service, data }) => {
+            Received::Message(Lent {
+                src,
+                service,
+                data,
+                reliable,
+            }) => {
                 let size = data.len();
                 let at = offset_in(base, len, data);
                 let (data, run) = match at {
@@ -719,7 +729,7 @@ impl Part {
                 };
                 let far = self.lo + n;
                 self.events
-                    .push((t, key, far, message(src, service, data), run));
+                    .push((t, key, far, message(src, service, data, reliable), run));
                 RxAction::Consumed
             }
             Received::Action(a) => a,

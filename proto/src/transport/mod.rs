@@ -384,9 +384,9 @@ pub enum Event {
     },
 }
 
-/// A short message handed back by [`Transport::handle_parsed_lending`] (and
+/// A message handed back by [`Transport::handle_parsed_lending`] (and
 /// `Node::handle_rx_lending`), borrowed from the frame it arrived in, instead of queued in
-/// the inbox.
+/// the inbox: the receiver copies it once, where the consumer keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lent<'f> {
     /// The server that sent it.
@@ -395,6 +395,8 @@ pub struct Lent<'f> {
     pub service: u16,
     /// Its bytes, in the frame.
     pub data: &'f [u8],
+    /// Reliable (delivered in its connection's order, acknowledged) or short.
+    pub reliable: bool,
 }
 
 /// What [`Transport::poll_transmit`] wrote.
@@ -1092,10 +1094,14 @@ impl Transport {
         self.handle_parsed_lending(now, h, view, false).map(|_| ())
     }
 
-    /// As [`Transport::handle_parsed`], but a short message that nothing is queued ahead
-    /// of is not copied into the inbox when `lend` is set: it is returned, borrowed from
-    /// the frame, for the caller to hand on in its place (as the next event it would have
-    /// polled). Receiving a jumbo frame's message then costs no copy inside the engine.
+    /// As [`Transport::handle_parsed`], but a message that nothing is queued ahead of is
+    /// not copied into the inbox when `lend` is set: it is returned, borrowed from the
+    /// frame, for the caller to hand on in its place (as the next event it would have
+    /// polled). A short message is lent as the only one of its frame; a reliable one when
+    /// it is whole in a plain frame, the next of its connection with no fence to wait for,
+    /// and no placer, notice or refusal would take it (it counts as delivered, and its
+    /// frame's acknowledgement may leave). Receiving a jumbo frame's message then costs no
+    /// copy inside the engine.
     pub fn handle_parsed_lending<'f>(
         &mut self,
         now: Time,
@@ -1184,6 +1190,7 @@ impl Transport {
                         src: h.src,
                         service,
                         data,
+                        reliable: false,
                     }));
                 }
             }
@@ -1248,6 +1255,7 @@ impl Transport {
             }
         }
         let mut result = Ok(());
+        let mut lent = None;
         if h.kind == Kind::Data {
             conn.pace.last_data = Some(now);
             let before = conn.recv.cum_ack();
@@ -1256,18 +1264,41 @@ impl Transport {
                     if conn.recv.cum_ack() == before {
                         self.stats.out_of_order_frames += 1;
                     }
-                    let mut sink = Deliver {
-                        now,
-                        src: h.src,
-                        placers: &mut self.placers,
-                        inbox: &mut self.events,
-                        delivered: &mut self.stats.messages_delivered,
-                        hosted: self.hosted.as_deref(),
-                        refused: &mut self.refused,
-                        notices: &mut self.notices,
-                        bad_notices: &mut self.stats.notices_unmatched,
-                    };
-                    result = Self::deliver_reliable(conn, &h, &view, batch, &mut sink);
+                    // Lent when nothing is queued ahead of it and nothing would take it
+                    // apart from an application's inbox (a placer, a notice, a refusal);
+                    // `lone_in_order` goes last, for it marks the message delivered.
+                    let lends = lend
+                        && self.events.is_empty()
+                        && h.service != NOTICES
+                        && self.placers.get(h.service).is_none()
+                        && self
+                            .hosted
+                            .as_deref()
+                            .and_then(|x| x.refusal(h.service))
+                            .is_none()
+                        && lone_in_order(conn, &h);
+                    if lends {
+                        self.stats.messages_delivered += 1;
+                        lent = Some(Lent {
+                            src: h.src,
+                            service: h.service,
+                            data: view.payload(),
+                            reliable: true,
+                        });
+                    } else {
+                        let mut sink = Deliver {
+                            now,
+                            src: h.src,
+                            placers: &mut self.placers,
+                            inbox: &mut self.events,
+                            delivered: &mut self.stats.messages_delivered,
+                            hosted: self.hosted.as_deref(),
+                            refused: &mut self.refused,
+                            notices: &mut self.notices,
+                            bad_notices: &mut self.stats.notices_unmatched,
+                        };
+                        result = Self::deliver_reliable(conn, &h, &view, batch, &mut sink);
+                    }
                 }
                 Arrival::Duplicate => self.stats.duplicate_frames += 1,
                 Arrival::OutOfWindow => result = Err(RecvError::OutOfWindow),
@@ -1293,7 +1324,7 @@ impl Transport {
         if !(self.refused.is_empty() && self.refused_by_peer.is_empty()) {
             self.settle_refusals(now, h.src);
         }
-        result.map(|()| None)
+        result.map(|()| lent)
     }
 
     /// After a frame from `peer`: reports the messages of ours its notices named, and tells
@@ -2190,6 +2221,27 @@ fn waits(c: &Connection) -> bool {
 
 fn fence_flags(f: Fences) -> u16 {
     (if f.backward { flags::BWD_FENCE } else { 0 }) | (if f.forward { flags::FWD_FENCE } else { 0 })
+}
+
+/// Whether the reliable frame `h` holds one whole message that is the next of its
+/// connection, with no fence to wait for and nothing held or delivered out of order: then
+/// it is marked delivered here, and the caller hands it out as it is (lent from the frame).
+fn lone_in_order(conn: &mut Connection, h: &Header) -> bool {
+    if h.has(flags::AGGREGATED)
+        || !h.has(flags::FRAG_FIRST)
+        || !h.has(flags::FRAG_LAST)
+        || h.frag != 0
+    {
+        return false;
+    }
+    let base = seqnum::expand(h.msn, conn.delivery.base());
+    let frame_wait =
+        (h.fence != 0 && u64::from(h.fence) <= base).then(|| base - u64::from(h.fence));
+    if frame_wait.is_none_or(|j| j < base) && conn.delivery.can_release_run(base) {
+        conn.delivery.release_run(base, 1);
+        return true;
+    }
+    false
 }
 
 /// The wire fence field: distance back from `msn` to the latest forward-fenced message.
