@@ -174,6 +174,24 @@ impl ServiceQueue {
         self.meta.is_empty()
     }
 
+    /// Whether the head message may share an aggregated frame of `room` payload bytes with
+    /// what follows it: it is a group, or the next entry goes to the same peer, of the same
+    /// kind, and its first message (a group's: at least its header) fits beside it. When
+    /// not, the frame would carry the head alone, and goes plain.
+    pub fn head_shares_frame(&self, room: usize) -> bool {
+        let (Some(h), Some(n)) = (self.meta.front(), self.meta.get(1)) else {
+            return self.meta.front().is_some_and(|h| h.count() > 1);
+        };
+        if h.count() > 1 {
+            return true;
+        }
+        if n.dest != h.dest || n.reliable != h.reliable {
+            return false;
+        }
+        let first = if n.count() == 1 { n.len as usize } else { 0 };
+        2 * MSG_HEADER_LEN + h.len as usize + first <= room
+    }
+
     /// Copies the next `out.len()` unsent bytes of the head message into `out` and drops them
     /// from the queue; pops the head when all of it has been taken.
     pub fn take(&mut self, out: &mut [u8]) {

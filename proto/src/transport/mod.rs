@@ -2093,10 +2093,12 @@ fn build_data_frame(
     let prog = q.head_progress();
     let whole_fits = prog.sent == 0 && head.len as usize + MSG_HEADER_LEN <= room;
     let plen;
-    // A message alone in its queue goes in a plain frame: there is nothing to aggregate,
-    // and planning a frame of one and checking its message header on arrival cost a round
-    // trip more than the frame's own work (docs/transport.md, "CPU cost").
-    if cfg.aggregate && whole_fits && q.len() > 1 {
+    // A message that would travel alone (alone in its queue, or with nothing after it that
+    // fits beside it) goes in a plain frame: planning a frame of one and checking its
+    // message header on arrival cost a round trip more than the frame's own work
+    // (docs/transport.md, "CPU cost"), and only a plain frame's message can be lent to
+    // the receiver's consumer straight from the frame.
+    if cfg.aggregate && whole_fits && q.head_shares_frame(room) {
         h.flags |= flags::AGGREGATED;
         let mut first_msn = None;
         let fence_before = conn.last_fwd;
