@@ -13,7 +13,7 @@ use torusnet_proto::node::{Event, EventRef, Node, Received, RxAction, Target};
 use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Coord, Dir, DirSet};
-use torusnet_proto::transport::{FailReason, Keep, SendError};
+use torusnet_proto::transport::{FailReason, Keep, Lent, SendError};
 use torusnet_proto::wire::{Dest, FrameView, Header, Kind, HEADERS_LEN};
 
 use crate::config::Polling;
@@ -747,8 +747,14 @@ impl Poller {
         let action = if lend {
             match self.node.handle_rx_lending(now, dir, frame) {
                 Received::Message(m) => {
-                    // Its one copy, straight from the UMEM chunk into the buffer the
-                    // consumer reads.
+                    // Read in the UMEM chunk by a service that can; else its one copy,
+                    // straight from the chunk into the buffer the consumer reads.
+                    let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
+                    if in_place(&self.service_of, &mut self.services, now, &m, &mut engine) {
+                        self.lent += 1;
+                        self.umem.release(d.addr);
+                        return;
+                    }
                     let mut data = std::mem::take(&mut self.msg_buf);
                     data.clear();
                     data.extend_from_slice(m.data);
@@ -810,6 +816,14 @@ impl Poller {
             let action = if self.may_lend() {
                 match self.node.handle_rx_lending(now, dir, &mut scratch[..total]) {
                     Received::Message(m) => {
+                        let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
+                        if in_place(&self.service_of, &mut self.services, now, &m, &mut engine) {
+                            self.lent += 1;
+                            self.scratch = scratch;
+                            self.release_parts(&parts);
+                            self.recycle_parts(i, parts);
+                            return;
+                        }
                         let mut data = std::mem::take(&mut self.msg_buf);
                         data.clear();
                         data.extend_from_slice(m.data);
@@ -1562,6 +1576,22 @@ fn unix_ms() -> u64 {
 }
 
 /// The hosted service that owns service id `id`, if any.
+/// Hands lent message `m` to the hosted service that owns its id, to read where it lies
+/// (`Service::on_message_ref`): `false` when no hosted service owns it or the owner wants
+/// an owned event.
+fn in_place(
+    service_of: &HashMap<u16, usize>,
+    services: &mut [Box<dyn Service>],
+    now: Time,
+    m: &Lent<'_>,
+    engine: &mut Routed<'_>,
+) -> bool {
+    match owner_of(service_of, services, m.service) {
+        Some(i) => services[i].on_message_ref(now, m, engine),
+        None => false,
+    }
+}
+
 fn owner_of(
     service_of: &HashMap<u16, usize>,
     services: &[Box<dyn Service>],

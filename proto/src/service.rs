@@ -14,7 +14,7 @@ use crate::keyspace;
 use crate::node::{Event, MsgOptions, Node, Target};
 use crate::time::Time;
 use crate::topology::{Coord, Dims};
-use crate::transport::SendError;
+use crate::transport::{Lent, SendError};
 
 /// What a service may ask of the engine that hosts it: where it is, who is reachable, and to
 /// send. The node implements it directly; a host with several engines (torusd's pollers,
@@ -107,6 +107,15 @@ pub trait Service: Send {
     /// An event for one of its ids, or a broadcast one (`Unreachable`, `Reachable`,
     /// `PeerReset`).
     fn on_event(&mut self, now: Time, event: &Event, node: &mut dyn Engine);
+
+    /// A message for one of its ids, read where it arrived (the frame the engine lent it
+    /// from, `Node::handle_rx_lending`), as the event `on_event` would have had: `true`
+    /// when the service took it so. By default `false`, and the host copies the message
+    /// into an [`Event::Message`] for `on_event`; a service that reads a message without
+    /// keeping it, or copies only what it keeps, takes it here and saves that copy.
+    fn on_message_ref(&mut self, _now: Time, _m: &Lent<'_>, _node: &mut dyn Engine) -> bool {
+        false
+    }
 
     /// A request from outside; handed back when the service does not understand it.
     fn on_request(

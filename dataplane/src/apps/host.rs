@@ -24,7 +24,7 @@ use torusnet_proto::node::{Event, MsgOptions, Target};
 use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
-use torusnet_proto::transport::{FailReason, Fences, SendError, NOTICES};
+use torusnet_proto::transport::{FailReason, Fences, Lent, SendError, NOTICES};
 
 use super::{AppInfo, NewApp};
 use crate::runtime::Shared;
@@ -722,6 +722,22 @@ impl Service for AppsHost {
 
     fn owns(&self, id: u16) -> bool {
         self.by_service.contains_key(&id)
+    }
+
+    fn on_message_ref(&mut self, now: Time, m: &Lent<'_>, node: &mut dyn Engine) -> bool {
+        // Written from the frame straight into the application's channel (or its backlog):
+        // the message's one copy on the way in.
+        let Some(&i) = self.by_service.get(&m.service) else {
+            return false;
+        };
+        let msg = Incoming {
+            src: m.src,
+            data: m.data,
+            reliable: m.reliable,
+            key: None,
+        };
+        self.message(i, now, node, msg);
+        true
     }
 
     fn on_event(&mut self, now: Time, e: &Event, node: &mut dyn Engine) {

@@ -10,6 +10,7 @@ use torusnet_proto::node::{Event, MsgOptions, Target};
 use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
+use torusnet_proto::transport::Lent;
 
 use super::percentile_us;
 
@@ -127,6 +128,48 @@ impl Ping {
     }
 }
 
+impl Ping {
+    /// A request to echo, or the echo of ours.
+    fn on_ping(
+        &mut self,
+        now: Time,
+        src: Coord,
+        data: &[u8],
+        reliable: bool,
+        node: &mut dyn Engine,
+    ) {
+        match data.first() {
+            Some(b'Q') => {
+                // Built in the service's own buffer: no allocation per echo on the path
+                // of every round trip.
+                self.buf.clear();
+                self.buf.extend_from_slice(data);
+                self.buf[0] = b'R';
+                let opts = MsgOptions {
+                    reliable,
+                    ..MsgOptions::default()
+                };
+                // An echo that cannot be queued is a lost pong, as on any network.
+                let _ = node.send(now, Target::Server(src), PING, &self.buf, opts);
+            }
+            Some(b'R') => {
+                let seq = data
+                    .get(1..5)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                let Some(p) = self.run.as_mut() else { return };
+                if seq == Some(p.seq) && src == p.req.to {
+                    if let Some(t) = p.sent_at.take() {
+                        p.rtts_ns.push(now.since(t).as_nanos() as u64);
+                    }
+                    p.seq += 1;
+                    self.next(now, node);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 impl Service for Ping {
     fn name(&self) -> &'static str {
         "ping"
@@ -144,35 +187,7 @@ impl Service for Ping {
                 reliable,
                 service: PING,
                 ..
-            } => match data.first() {
-                Some(b'Q') => {
-                    // Built in the service's own buffer: no allocation per echo on the path
-                    // of every round trip.
-                    self.buf.clear();
-                    self.buf.extend_from_slice(data);
-                    self.buf[0] = b'R';
-                    let opts = MsgOptions {
-                        reliable: *reliable,
-                        ..MsgOptions::default()
-                    };
-                    // An echo that cannot be queued is a lost pong, as on any network.
-                    let _ = node.send(now, Target::Server(*src), PING, &self.buf, opts);
-                }
-                Some(b'R') => {
-                    let seq = data
-                        .get(1..5)
-                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                    let Some(p) = self.run.as_mut() else { return };
-                    if seq == Some(p.seq) && *src == p.req.to {
-                        if let Some(t) = p.sent_at.take() {
-                            p.rtts_ns.push(now.since(t).as_nanos() as u64);
-                        }
-                        p.seq += 1;
-                        self.next(now, node);
-                    }
-                }
-                _ => {}
-            },
+            } => self.on_ping(now, *src, data, *reliable, node),
             Event::Failed {
                 peer,
                 service: PING,
@@ -188,6 +203,15 @@ impl Service for Ping {
             }
             _ => {}
         }
+    }
+
+    fn on_message_ref(&mut self, now: Time, m: &Lent<'_>, node: &mut dyn Engine) -> bool {
+        // Read where it arrived: an echo is built in the service's own buffer anyway.
+        if m.service != PING {
+            return false;
+        }
+        self.on_ping(now, m.src, m.data, m.reliable, node);
+        true
     }
 
     fn on_request(
