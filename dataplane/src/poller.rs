@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use torusnet_proto::node::{Event, EventRef, Node, Received, RxAction, Target};
 use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
-use torusnet_proto::topology::{Coord, Dir, DirSet};
+use torusnet_proto::topology::{Dir, DirSet};
 use torusnet_proto::transport::{FailReason, Keep, Lent, SendError};
 use torusnet_proto::wire::{Dest, FrameView, Header, Kind, HEADERS_LEN};
 
@@ -747,20 +747,11 @@ impl Poller {
         let action = if lend {
             match self.node.handle_rx_lending(now, dir, frame) {
                 Received::Message(m) => {
-                    // Read in the UMEM chunk by a service that can; else its one copy,
-                    // straight from the chunk into the buffer the consumer reads.
                     let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
-                    if in_place(&self.service_of, &mut self.services, now, &m, &mut engine) {
-                        self.lent += 1;
-                        self.umem.release(d.addr);
-                        return;
-                    }
-                    let mut data = std::mem::take(&mut self.msg_buf);
-                    data.clear();
-                    data.extend_from_slice(m.data);
-                    let (src, service, reliable) = (m.src, m.service, m.reliable);
+                    let hosts = (&self.service_of, &mut self.services[..]);
+                    let copied = take_lent(hosts, &mut engine, now, &m, &mut self.msg_buf);
                     self.umem.release(d.addr);
-                    self.deliver_lent(src, service, reliable, data);
+                    self.hand_on_lent(copied);
                     return;
                 }
                 Received::Action(a) => a,
@@ -817,21 +808,12 @@ impl Poller {
                 match self.node.handle_rx_lending(now, dir, &mut scratch[..total]) {
                     Received::Message(m) => {
                         let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
-                        if in_place(&self.service_of, &mut self.services, now, &m, &mut engine) {
-                            self.lent += 1;
-                            self.scratch = scratch;
-                            self.release_parts(&parts);
-                            self.recycle_parts(i, parts);
-                            return;
-                        }
-                        let mut data = std::mem::take(&mut self.msg_buf);
-                        data.clear();
-                        data.extend_from_slice(m.data);
-                        let (src, service, reliable) = (m.src, m.service, m.reliable);
+                        let hosts = (&self.service_of, &mut self.services[..]);
+                        let copied = take_lent(hosts, &mut engine, now, &m, &mut self.msg_buf);
                         self.scratch = scratch;
                         self.release_parts(&parts);
                         self.recycle_parts(i, parts);
-                        self.deliver_lent(src, service, reliable, data);
+                        self.hand_on_lent(copied);
                         return;
                     }
                     Received::Action(a) => a,
@@ -1226,19 +1208,15 @@ impl Poller {
         self.overflow.is_empty() && self.to_first.is_empty()
     }
 
-    /// Hands on a message the engine lent from its frame (already copied into `data`, its
-    /// only copy on the way in), as `deliver_events` would have handed it on as the next
-    /// event.
-    fn deliver_lent(&mut self, src: Coord, service: u16, reliable: bool, data: Vec<u8>) {
-        self.refresh_inboxes();
+    /// Counts a message the engine lent from its frame as delivered and, when no hosted
+    /// service read it in place ([`take_lent`]), hands on its copy as `deliver_events`
+    /// would have handed it on as the next event.
+    fn hand_on_lent(&mut self, copied: Option<(u16, Event)>) {
         self.lent += 1;
-        let e = Event::Message {
-            src,
-            service,
-            data,
-            reliable,
-            key: None,
+        let Some((service, e)) = copied else {
+            return;
         };
+        self.refresh_inboxes();
         if let Some(Event::Message { data, .. }) = self.dispatch(service, e) {
             self.msg_buf = data;
         }
@@ -1575,23 +1553,38 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The hosted service that owns service id `id`, if any.
-/// Hands lent message `m` to the hosted service that owns its id, to read where it lies
-/// (`Service::on_message_ref`): `false` when no hosted service owns it or the owner wants
-/// an owned event.
-fn in_place(
-    service_of: &HashMap<u16, usize>,
-    services: &mut [Box<dyn Service>],
+/// Offers lent message `m` to the hosted service that owns its id, to read where it lies
+/// (`Service::on_message_ref`); when no hosted service takes it so, copies it into `buf`
+/// (its one copy on the way in, straight from the frame into the buffer its consumer
+/// reads) and returns that as the event to hand on, with its service. A free function:
+/// `m` borrows the poller's UMEM or scratch buffer while the services and the engine are
+/// used.
+fn take_lent(
+    (service_of, services): (&HashMap<u16, usize>, &mut [Box<dyn Service>]),
+    engine: &mut Routed<'_>,
     now: Time,
     m: &Lent<'_>,
-    engine: &mut Routed<'_>,
-) -> bool {
-    match owner_of(service_of, services, m.service) {
-        Some(i) => services[i].on_message_ref(now, m, engine),
-        None => false,
+    buf: &mut Vec<u8>,
+) -> Option<(u16, Event)> {
+    if let Some(i) = owner_of(service_of, services, m.service) {
+        if services[i].on_message_ref(now, m, engine) {
+            return None;
+        }
     }
+    let mut data = std::mem::take(buf);
+    data.clear();
+    data.extend_from_slice(m.data);
+    let e = Event::Message {
+        src: m.src,
+        service: m.service,
+        data,
+        reliable: m.reliable,
+        key: None,
+    };
+    Some((m.service, e))
 }
 
+/// The hosted service that owns service id `id`, if any.
 fn owner_of(
     service_of: &HashMap<u16, usize>,
     services: &[Box<dyn Service>],
