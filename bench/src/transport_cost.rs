@@ -28,7 +28,8 @@ pub struct Args {
     mtu: usize,
     /// Ping-pong instead of a stream: one message at a time, each answered by the
     /// receiver before the next goes (`--messages` round trips): the transport's share of a
-    /// round trip, as `torus-bench pingpong` runs it between two servers.
+    /// round trip, as `torus-bench pingpong` runs it between two servers (`--size` up to
+    /// 256).
     #[arg(long)]
     pingpong: bool,
 }
@@ -105,6 +106,9 @@ pub fn run(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// The largest message `--pingpong` sends (the answer is built in a buffer this long).
+const PING_MAX: usize = 256;
+
 /// One crossing of a ping-pong: frames go between the two ends (`from`'s first) until `to`
 /// has read a message, which it answers with one of the same bytes when `answer` (as the
 /// ping service echoes); at most a few passes, for the handshake of the first trip.
@@ -117,7 +121,7 @@ fn crossing(
     answer: bool,
 ) -> Result<(), String> {
     let links = |_: Coord| LinkSet::first(1);
-    let mut reply = [0u8; 256];
+    let mut reply = [0u8; PING_MAX];
     for _ in 0..8 {
         // As torusd's poller asks: not at all when the transport has nothing.
         while from.may_transmit() {
@@ -183,6 +187,12 @@ fn pingpong(a: &Args) -> Result<(), String> {
 /// trip on this machine at each crossing, so delayed ACKs ride on the answers as they do
 /// between two torusd.
 fn ping_counts(a: &Args) -> Result<PingCounts, String> {
+    if a.size > PING_MAX || a.size == 0 {
+        return Err(format!(
+            "--pingpong measures small messages: --size must be 1..={PING_MAX}, not {}",
+            a.size
+        ));
+    }
     let cfg = Config {
         aggregate: !a.no_aggregation,
         mtu: a.mtu,
@@ -192,7 +202,7 @@ fn ping_counts(a: &Args) -> Result<PingCounts, String> {
     let mut x = Transport::new(ca, cfg);
     let mut y = Transport::new(cb, cfg);
     let mut buf = vec![0u8; 14 + a.mtu];
-    let data = vec![0x5a; a.size.min(256)];
+    let data = vec![0x5a; a.size];
     let half = Duration::from_micros(3);
     let mut now = Time::ZERO;
     let mut trips = 0u64;
@@ -253,5 +263,18 @@ mod tests {
                 retransmitted_frames: 0,
             })
         );
+    }
+
+    #[test]
+    fn a_ping_pong_of_large_messages_is_refused_with_the_range() {
+        let a = Args {
+            messages: 10,
+            size: 300,
+            no_aggregation: false,
+            mtu: 1500,
+            pingpong: true,
+        };
+        let e = ping_counts(&a).unwrap_err();
+        assert!(e.contains("1..=256") && e.contains("300"), "{e}");
     }
 }

@@ -126,9 +126,7 @@ impl Ping {
         }
         self.next(now, node);
     }
-}
 
-impl Ping {
     /// A request to echo, or the echo of ours.
     fn on_ping(
         &mut self,
