@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use torusnet_proto::node::{Event, EventRef, Node, Received, RxAction, Target};
 use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
-use torusnet_proto::topology::{Dir, DirSet};
+use torusnet_proto::topology::{Coord, Dir, DirSet};
 use torusnet_proto::transport::{FailReason, Keep, Lent, SendError};
 use torusnet_proto::wire::{Dest, FrameView, Header, Kind, HEADERS_LEN};
 
@@ -1261,21 +1261,7 @@ impl Poller {
                     reliable,
                 }) => {
                     let hosted = owner_of(&self.service_of, &self.services, service).is_some();
-                    let data = if hosted {
-                        let mut b = std::mem::take(&mut self.msg_buf);
-                        b.clear();
-                        b.extend_from_slice(data);
-                        b
-                    } else {
-                        data.to_vec()
-                    };
-                    Event::Message {
-                        src,
-                        service,
-                        data,
-                        reliable,
-                        key: None,
-                    }
+                    owned_message(&mut self.msg_buf, hosted, src, service, data, reliable)
                 }
                 Some(EventRef::Other(e)) => e,
             };
@@ -1554,9 +1540,9 @@ fn unix_ms() -> u64 {
 }
 
 /// Offers lent message `m` to the hosted service that owns its id, to read where it lies
-/// (`Service::on_message_ref`); when no hosted service takes it so, copies it into `buf`
-/// (its one copy on the way in, straight from the frame into the buffer its consumer
-/// reads) and returns that as the event to hand on, with its service. A free function:
+/// (`Service::on_message_ref`); when no hosted service takes it so, copies it
+/// ([`owned_message`]: its one copy on the way in, straight from the frame into the
+/// buffer its consumer reads) and returns that as the event to hand on, with its service. A free function:
 /// `m` borrows the poller's UMEM or scratch buffer while the services and the engine are
 /// used.
 fn take_lent(
@@ -1566,22 +1552,42 @@ fn take_lent(
     m: &Lent<'_>,
     buf: &mut Vec<u8>,
 ) -> Option<(u16, Event)> {
-    if let Some(i) = owner_of(service_of, services, m.service) {
+    let owner = owner_of(service_of, services, m.service);
+    if let Some(i) = owner {
         if services[i].on_message_ref(now, m, engine) {
             return None;
         }
     }
-    let mut data = std::mem::take(buf);
-    data.clear();
-    data.extend_from_slice(m.data);
-    let e = Event::Message {
-        src: m.src,
-        service: m.service,
-        data,
-        reliable: m.reliable,
-        key: None,
-    };
+    let e = owned_message(buf, owner.is_some(), m.src, m.service, m.data, m.reliable);
     Some((m.service, e))
+}
+
+/// A received message as the owned event the poller hands on: copied into `buf` when a
+/// hosted service will read it (it comes back after, and the buffer is reused), else into
+/// a buffer of its own (an application's inbox keeps it).
+fn owned_message(
+    buf: &mut Vec<u8>,
+    hosted: bool,
+    src: Coord,
+    service: u16,
+    data: &[u8],
+    reliable: bool,
+) -> Event {
+    let data = if hosted {
+        let mut b = std::mem::take(buf);
+        b.clear();
+        b.extend_from_slice(data);
+        b
+    } else {
+        data.to_vec()
+    };
+    Event::Message {
+        src,
+        service,
+        data,
+        reliable,
+        key: None,
+    }
 }
 
 /// The hosted service that owns service id `id`, if any.

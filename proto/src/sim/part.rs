@@ -88,7 +88,7 @@ fn offset_in(base: usize, len: usize, data: &[u8]) -> Option<usize> {
         .filter(|at| at + data.len() <= len)
 }
 
-/// An unreliable message received, as the event the engine would have made of it.
+/// A message the engine lent from its frame, as the event it would have made of it.
 fn message(src: crate::topology::Coord, service: u16, data: Vec<u8>, reliable: bool) -> Event {
     Event::Message {
         src,

@@ -179,12 +179,15 @@ impl ServiceQueue {
     /// kind, and its first message (a group's: at least its header) fits beside it. When
     /// not, the frame would carry the head alone, and goes plain.
     pub fn head_shares_frame(&self, room: usize) -> bool {
-        let (Some(h), Some(n)) = (self.meta.front(), self.meta.get(1)) else {
-            return self.meta.front().is_some_and(|h| h.count() > 1);
+        let Some(h) = self.meta.front() else {
+            return false;
         };
         if h.count() > 1 {
             return true;
         }
+        let Some(n) = self.meta.get(1) else {
+            return false;
+        };
         if n.dest != h.dest || n.reliable != h.reliable {
             return false;
         }
