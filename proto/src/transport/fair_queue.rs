@@ -648,6 +648,19 @@ impl FairQueue {
         self.queues.iter().all(ServiceQueue::is_empty)
     }
 
+    /// Whether `service`'s own queue holds messages, and whether any other queue does.
+    pub fn holding(&self, service: u16) -> (bool, bool) {
+        let (mut own, mut others) = (false, false);
+        for q in self.queues.iter().filter(|q| !q.is_empty()) {
+            if q.service == service {
+                own = true;
+            } else {
+                others = true;
+            }
+        }
+        (own, others)
+    }
+
     /// Number of services known.
     pub fn services(&self) -> usize {
         self.queues.len()

@@ -30,6 +30,7 @@ pub mod byte_ring;
 pub mod completion;
 pub mod connection;
 pub mod delivery;
+mod direct;
 pub mod fair_queue;
 pub mod hosted;
 pub mod inbox;
@@ -446,6 +447,9 @@ pub struct Stats {
     /// New reliable data frames kept for retransmission in the driver's buffer instead of a
     /// copy ([`Keep`]).
     pub kept_frames: u64,
+    /// New reliable data frames written straight from the sender's bytes, never queued
+    /// ([`Transport::send_framing`]).
+    pub framed_straight: u64,
     /// Explicit ACK frames sent.
     pub ack_frames: u64,
     /// NACK frames sent.
@@ -2176,6 +2180,45 @@ fn build_data_frame(
         q.take(&mut payload[..len]);
         plen = len;
     }
+    let sent = SentFrame {
+        link,
+        plen,
+        messages,
+        from,
+    };
+    finish_data_frame(now, h, conn, sent, buf, stats, pool, keep)
+}
+
+/// What a data frame being finished carries: its link, payload length, how many whole
+/// messages end in it and the queue (service) that sent them.
+#[derive(Clone, Copy)]
+struct SentFrame {
+    link: LinkId,
+    plen: usize,
+    messages: u32,
+    from: u16,
+}
+
+/// Completes a data frame whose payload is written and whose header `h` has its message
+/// fields: the sequence number and the piggybacked ACK, the header written, the frame
+/// recorded in the send window (kept in the driver's buffer `keep`, or copied) and counted.
+#[allow(clippy::too_many_arguments)]
+fn finish_data_frame(
+    now: Time,
+    mut h: Header,
+    conn: &mut Connection,
+    f: SentFrame,
+    buf: &mut [u8],
+    stats: &mut Stats,
+    pool: &mut pool::BufferPool,
+    keep: Option<u32>,
+) -> Transmit {
+    let SentFrame {
+        link,
+        plen,
+        messages,
+        from,
+    } = f;
     h.payload_len = plen as u16;
     let len = HEADERS_LEN + plen;
     h.seq = seqnum::truncate(conn.send.next_seq());

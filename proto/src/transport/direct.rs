@@ -1,0 +1,123 @@
+//! Sending a message straight into the frame that carries it, with no copy into a queue.
+//!
+//! [`Transport::send`] copies every message into its service's queue, where it waits in wire
+//! form until [`Transport::poll_transmit`] copies it into a frame: two copies of every byte
+//! on the sending core. A message that fills more than half a frame gains little from
+//! waiting in a queue for something smaller to share its frame, so when nothing else waits
+//! [`Transport::send_framing`] writes it into the caller's frame buffer at once: one copy,
+//! from the sender's bytes into the frame (in the AF_XDP dataplane, the UMEM the kernel
+//! sends from). Everything else about the frame is what `poll_transmit` would have built
+//! from the queue had it been called right after `send`: the same header, sequence and
+//! message numbers, fences, piggybacked ACK, kept copy and completion record (a test
+//! compares the two frame by frame).
+//!
+//! Order and fairness are kept by going straight only when nothing waits to be sent: no
+//! queued message (of any service), retransmission or ACK is overtaken. A sender whose own
+//! messages are queued is refused ([`SendError::WouldBlock`]) until they have gone, and a
+//! message that meets another service's queued messages, a repair or an ACK due is queued
+//! as `send` queues it (its turn is the fair queue's to give). A message that would go
+//! straight but cannot go at once (the window is closed, no link towards its peer has room,
+//! no buffer) is refused rather than queued, so a sender that keeps up with the link never
+//! pays the queue's copy. Smaller messages, and any message before its connection's
+//! handshake, are queued as `send` queues them.
+
+use super::{
+    fence_distance, fence_flags, finish_data_frame, flags, seqnum, Dest, Header, Keep, Kind,
+    LinkSet, Outgoing, Paths, SendError, SentFrame, Transmit, Transport, ETH_LEN, HEADERS_LEN,
+    MSG_HEADER_LEN,
+};
+use crate::time::Time;
+
+impl Transport {
+    /// As [`Transport::send`], but a reliable message of more than half a frame is written
+    /// straight into `buf` (which holds `mtu + 14` bytes; an empty one when the driver has
+    /// none free) when nothing else waits to be sent, and the frame returned
+    /// (`Ok(Some(..))`), on a link in `room`, as [`Transport::poll_transmit_keeping`]
+    /// would have built it from the queue. `Ok(None)`: queued as `send` queues it (a smaller
+    /// message, or another service's messages, a repair or an ACK wait). `Err(WouldBlock)`:
+    /// it would go straight but cannot now (the sender's own messages are queued, the
+    /// window is closed, no link has room, no buffer); nothing was taken, try again after
+    /// the next transmit.
+    pub fn send_framing(
+        &mut self,
+        now: Time,
+        m: Outgoing<'_>,
+        room: LinkSet,
+        paths: &impl Paths,
+        buf: &mut [u8],
+        keep: Option<Keep<'_>>,
+    ) -> Result<Option<Transmit>, SendError> {
+        let max = self.cfg.max_payload();
+        // Whole in one frame, and more than half of it: what could still share the frame is
+        // smaller, and aggregation gains too little from holding it back to wait for that
+        // (with aggregation off, every frame carries one message).
+        let alone = m.reliable
+            && m.data.len() <= max
+            && (!self.cfg.aggregate || 2 * (m.data.len() + MSG_HEADER_LEN) > max);
+        let established = self
+            .conns
+            .get(&m.dest)
+            .is_some_and(|c| c.life.established());
+        if !alone || m.dest == self.local || !established {
+            return self.send(now, m).map(|()| None);
+        }
+        let (own, others) = self.queues.holding(m.from);
+        if own {
+            // The sender's queued messages go first; it is refused until they have gone,
+            // and then goes straight again (queueing behind them would only keep it queueing).
+            return Err(SendError::WouldBlock);
+        }
+        if others || !self.announce.is_empty() || !self.urgent.is_empty() {
+            // Another service's turn, a repair or an ACK is due: waiting in line is fair.
+            return self.send(now, m).map(|()| None);
+        }
+        let Some(conn) = self.conns.get_mut(&m.dest) else {
+            return self.send(now, m).map(|()| None);
+        };
+        if !conn.send.can_send() || buf.len() < ETH_LEN + self.cfg.mtu {
+            return Err(SendError::WouldBlock);
+        }
+        let usable = paths.links_for(m.dest, m.from).and(room);
+        let Some(link) = conn.next_link(usable) else {
+            return Err(SendError::WouldBlock);
+        };
+        self.last_now = self.last_now.max(now);
+        self.declared = None;
+        super::grant(&self.pacing, &mut self.starved, conn);
+        let mut h = Header::new(Kind::Data, self.local, Dest::Server(m.dest));
+        h.service = m.service;
+        h.flags |= flags::RELIABLE | flags::FRAG_FIRST | flags::FRAG_LAST | fence_flags(m.fences);
+        h.conn = conn.life.cid();
+        h.peer_conn = conn.life.peer_cid().unwrap_or(0);
+        let len = m.data.len();
+        buf[HEADERS_LEN..HEADERS_LEN + len].copy_from_slice(m.data);
+        let msn = conn.next_msn;
+        conn.next_msn += 1;
+        conn.sent
+            .on_framed_alone(m.from, m.tag, msn, conn.send.next_seq());
+        h.msn = seqnum::truncate(msn);
+        h.fence = fence_distance(msn, conn.last_fwd);
+        if m.fences.forward {
+            conn.last_fwd = Some(msn);
+        }
+        let sent = SentFrame {
+            link,
+            plen: len,
+            messages: 1,
+            from: m.from,
+        };
+        let t = finish_data_frame(
+            now,
+            h,
+            conn,
+            sent,
+            buf,
+            &mut self.stats,
+            &mut self.pool,
+            keep.and_then(|k| k.handle),
+        );
+        self.stats.framed_straight += 1;
+        super::schedule(&mut self.deadlines, conn);
+        Ok(Some(t))
+    }
+}
