@@ -579,6 +579,65 @@ impl Node {
         self.transport.send_hinted(now, m, run)
     }
 
+    /// As [`Node::send`], but a reliable message to a server that would travel alone in its
+    /// frame is written straight into `buf` (`mtu + 14` bytes, or empty when the driver has
+    /// no buffer free) when nothing else waits to be sent, on a link in `room`: the
+    /// transport's [`send_framing`](transport::Transport::send_framing), with the frame's
+    /// link, length and whether the transport kept `buf` (as [`Node::poll_transmit_keeping`]
+    /// returns them). `Ok(None)`: taken as `send` takes it. `Err(WouldBlock)` also when such
+    /// a message cannot go at once: nothing was taken, try again after the next transmit.
+    /// While source routing is in use, or keyed messages wait, it is `send`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn send_framing(
+        &mut self,
+        now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: MsgOptions,
+        room: DirSet,
+        buf: &mut [u8],
+        keep: Option<transport::Keep<'_>>,
+    ) -> Result<Option<(Dir, usize, bool)>, SendError> {
+        let dest = match target {
+            Target::Server(c) => Some(c),
+            Target::Key(k) if opts.reliable => self.routes.key_root(k),
+            Target::Key(_) => None,
+        };
+        let Some(dest) = dest.filter(|&d| {
+            d != self.local
+                && !self.source_used
+                && self.key_out.is_empty()
+                && self.routes.is_reachable(d)
+        }) else {
+            return self.send(now, target, service, data, opts).map(|()| None);
+        };
+        self.last_now = self.last_now.max(now);
+        self.declared = None;
+        let m = Outgoing {
+            dest,
+            service,
+            data,
+            reliable: opts.reliable,
+            fences: opts.fences,
+            tag: opts.tag,
+            from: opts.from.unwrap_or(service),
+        };
+        let paths = NodePaths {
+            routes: &self.routes,
+            source: None,
+        };
+        let Some(t) =
+            self.transport
+                .send_framing(now, m, LinkSet(room.bits()), &paths, buf, keep)?
+        else {
+            return Ok(None);
+        };
+        // The transport's links are the node's directions (`room` came from a DirSet).
+        let dir = Dir::from_index(t.link).unwrap_or(Dir::ALL[0]);
+        Ok(Some((dir, t.len, t.kept)))
+    }
+
     /// Handles a frame received on link `link` (Ethernet header included). The frame may be
     /// changed in place (TTL, interceptors) before it is forwarded.
     pub fn handle_rx(&mut self, now: Time, link: Dir, frame: &mut [u8]) -> RxAction {

@@ -51,6 +51,23 @@ pub trait Engine {
         data: &[u8],
         opts: MsgOptions,
     ) -> Result<(), SendError>;
+    /// As [`Engine::send`], for a sender that keeps up with its links: a reliable message
+    /// too large to share a frame is written straight into the frame that carries it (one
+    /// copy where `send` makes two: into a queue, then into the frame) when nothing else
+    /// waits to be sent, and refused with [`SendError::WouldBlock`] when it cannot go at once
+    /// (window closed, links full): nothing was taken, try again on a later poll. Other
+    /// messages are taken as `send` takes them. Engines that frame nothing themselves queue
+    /// (the default).
+    fn send_framing(
+        &mut self,
+        now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: MsgOptions,
+    ) -> Result<(), SendError> {
+        self.send(now, target, service, data, opts)
+    }
     /// Whether `service` gets acknowledgement reports.
     fn notify_acks(&mut self, service: u16, on: bool);
 }
