@@ -17,6 +17,7 @@ pub mod poller;
 pub mod rmem;
 pub mod runtime;
 pub mod transit;
+mod tx_path;
 pub mod watch;
 pub mod xdp_object;
 pub mod xsk;

@@ -13,7 +13,7 @@ use torusnet_proto::node::{Event, EventRef, Node, Received, RxAction, Target};
 use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::{Coord, Dir, DirSet};
-use torusnet_proto::transport::{FailReason, Keep, Lent, SendError};
+use torusnet_proto::transport::{FailReason, Lent, SendError};
 use torusnet_proto::wire::{Dest, FrameView, Header, Kind, HEADERS_LEN};
 
 use crate::config::Polling;
@@ -25,34 +25,26 @@ use crate::runtime::{
     TransportStatus,
 };
 use crate::transit::Transit;
+use crate::tx_path::{TxPath, TX_QUEUE_LIMIT};
 use crate::xsk::sys::XDP_PKT_CONTD;
 use crate::xsk::{Umem, XdpDesc, XskSocket, CHUNK};
 
 /// Frames handled per ring per turn, so no link starves the others.
 const BATCH: u32 = 64;
 
-/// UMEM chunks of the largest frame (MTU 9000, the most the configuration takes).
-const MAX_FRAME_CHUNKS: usize = (9000 + 14usize).div_ceil(CHUNK);
-
 /// How often the engine's counters are published for `torusctl status` and metrics.
 const SNAPSHOT_EVERY: Duration = Duration::from_millis(100);
-
-/// Most descriptors a link's TX ring may hold before the link counts as full. The ring
-/// could take 2048, but in copy mode the kernel drains a budget per kick, and frames parked
-/// there for milliseconds make every round trip (and so every timeout and NACK guard) look
-/// long; the transport keeps the rest, where it can still choose links and retransmit.
-const TX_QUEUE_LIMIT: u32 = 256;
 
 /// One link as the poller sees it.
 #[derive(Debug)]
 pub struct Port {
-    dir: Dir,
-    local_mac: [u8; 6],
-    neighbor_mac: Option<[u8; 6]>,
+    pub(crate) dir: Dir,
+    pub(crate) local_mac: [u8; 6],
+    pub(crate) neighbor_mac: Option<[u8; 6]>,
     pub(crate) xsk: XskSocket,
     xdp: XdpAttachment,
     /// Descriptors put on the TX ring since the last kick.
-    unkicked: u32,
+    pub(crate) unkicked: u32,
     /// Buffers of the multi-buffer frame being received on this link (a frame may straddle
     /// two turns; each link keeps its own).
     parts: Vec<XdpDesc>,
@@ -79,6 +71,26 @@ impl Port {
     }
 }
 
+/// The poller's way out ([`TxPath`]), borrowed from its fields so that the engine (and the
+/// services) can be borrowed beside it.
+macro_rules! tx_path {
+    ($p:ident, $reserved:expr) => {
+        TxPath {
+            umem: &mut $p.umem,
+            ports: &mut $p.ports,
+            link_idx: &$p.link_idx,
+            by_dir: &$p.by_dir,
+            shared: &$p.shared,
+            shard: $p.shard,
+            mtu: $p.mtu,
+            chunks_per_frame: $p.chunks_per_frame,
+            sending_slots: $p.sending_slots,
+            handoffs: &mut $p.handoffs,
+            reserved: $reserved,
+        }
+    };
+}
+
 /// The engine as a hosted service sees it: sends to peers whose connections another poller
 /// owns become commands for that poller (hosted services live with the first poller; every
 /// connection must stay with its owner).
@@ -86,6 +98,9 @@ struct Routed<'a> {
     node: &'a mut Node,
     shared: &'a Shared,
     shard: usize,
+    /// The poller's links, for messages sent straight into their frames
+    /// ([`Engine::send_framing`]; `None`: they are queued).
+    tx: Option<TxPath<'a>>,
 }
 
 impl<'a> Routed<'a> {
@@ -94,6 +109,19 @@ impl<'a> Routed<'a> {
             node,
             shared,
             shard,
+            tx: None,
+        }
+    }
+
+    /// The poller whose engine holds the connection a message to `target` travels on.
+    fn owner(&self, target: Target, reliable: bool) -> usize {
+        match target {
+            Target::Server(c) => self.shared.shard_of(c),
+            Target::Key(k) if reliable => self
+                .node
+                .key_root(k)
+                .map_or(self.shard, |r| self.shared.shard_of(r)),
+            Target::Key(_) => self.shard,
         }
     }
 }
@@ -128,14 +156,7 @@ impl Engine for Routed<'_> {
         data: &[u8],
         opts: torusnet_proto::node::MsgOptions,
     ) -> Result<(), SendError> {
-        let owner = match target {
-            Target::Server(c) => self.shared.shard_of(c),
-            Target::Key(k) if opts.reliable => self
-                .node
-                .key_root(k)
-                .map_or(self.shard, |r| self.shared.shard_of(r)),
-            Target::Key(_) => self.shard,
-        };
+        let owner = self.owner(target, opts.reliable);
         if owner == self.shard {
             return self.node.send(now, target, service, data, opts);
         }
@@ -148,6 +169,38 @@ impl Engine for Routed<'_> {
         self.shared
             .push_to(owner, c)
             .map_err(|_| SendError::WouldBlock)
+    }
+    fn send_framing(
+        &mut self,
+        now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: torusnet_proto::node::MsgOptions,
+    ) -> Result<(), SendError> {
+        let mine = self.owner(target, opts.reliable) == self.shard;
+        let (node, tx) = (&mut *self.node, self.tx.as_mut().filter(|_| mine));
+        let Some(tx) = tx else {
+            return self.send(now, target, service, data, opts);
+        };
+        let room = tx.room();
+        if !tx.ready(room) {
+            // No buffer or link now: the engine still takes what it would queue.
+            return node
+                .send_framing(now, target, service, data, opts, room, &mut [], None)
+                .map(|_| ());
+        }
+        let mut taken = Ok(());
+        tx.send_one(room, |room, buf, keep| {
+            match node.send_framing(now, target, service, data, opts, room, buf, keep) {
+                Ok(frame) => frame,
+                Err(e) => {
+                    taken = Err(e);
+                    None
+                }
+            }
+        });
+        taken
     }
     fn notify_acks(&mut self, service: u16, on: bool) {
         // Reports come from every poller's engine.
@@ -938,10 +991,7 @@ impl Poller {
     }
 
     fn hand_off(&mut self, owner: usize, h: Handoff) {
-        self.handoffs += 1;
-        // A full queue drops the frame, as a full ring would; the transport recovers.
-        let _ = self.shared.shards[owner].handoff.push(h);
-        self.shared.shards[owner].wake();
+        tx_path!(self, DirSet::EMPTY).hand_off(owner, h);
     }
 
     /// Frames other pollers passed to this one.
@@ -1003,20 +1053,7 @@ impl Poller {
 
     /// Puts a frame's descriptors on port `o`'s TX ring with the link's MAC addresses.
     fn push_tx(&mut self, o: usize, descs: &[XdpDesc]) {
-        let (src, dst) = (self.ports[o].local_mac, self.ports[o].neighbor_mac);
-        let head = self.umem.slice_mut(descs[0].addr, 12);
-        head[0..6].copy_from_slice(&dst.unwrap_or([0xff; 6]));
-        head[6..12].copy_from_slice(&src);
-        let n = descs.len() as u32;
-        let bytes: u64 = descs.iter().map(|d| u64::from(d.len)).sum();
-        for (k, d) in descs.iter().enumerate() {
-            self.ports[o].xsk.tx.write(k as u32, *d);
-        }
-        self.ports[o].xsk.tx.submit(n);
-        self.ports[o].unkicked += n;
-        let c = self.counters(o);
-        add(&c.tx_frames, 1);
-        add(&c.tx_bytes, bytes);
+        tx_path!(self, DirSet::EMPTY).push(o, descs);
     }
 
     /// Asks the engine for frames while links have room and chunks are free.
@@ -1030,104 +1067,16 @@ impl Poller {
             if !self.node.may_transmit() {
                 break;
             }
-            let mut room = DirSet::EMPTY;
-            for p in &mut self.ports {
-                if p.xsk.tx.outstanding() + self.chunks_per_frame <= TX_QUEUE_LIMIT {
-                    room = room.with(p.dir);
-                }
-            }
-            for d in Dir::ALL {
-                if let Some(owner) = self.shared.link_shard[usize::from(d.index())] {
-                    if owner != self.shard && !self.shared.shards[owner].handoff.is_full() {
-                        room = room.with(d);
-                    }
-                }
-            }
-            let room = DirSet::from_bits(room.bits() & !reserved.bits());
-            // Frames larger than a chunk always have slots: the configuration's smallest
-            // UMEM (256 chunks over at most six pollers) gives every poller several.
-            let in_place = self.chunks_per_frame > 1;
-            let free = if in_place {
-                self.umem.free_slots() > 0
-            } else {
-                self.umem.free_chunks() >= self.chunks_per_frame as usize
-            };
-            if room.is_empty() || !free {
-                break;
-            }
             let now = self.now();
-            // A frame's descriptors, on the stack: an allocation per frame sent showed in
-            // the latency of every round trip.
-            let mut descs = [XdpDesc::default(); MAX_FRAME_CHUNKS];
-            let out = if in_place {
-                // Built where it is sent: the slot's chunks are adjacent, so the frame is
-                // written once and its descriptors are the chunks it covers.
-                let Some(base) = self.umem.alloc_slot() else {
-                    break;
-                };
-                // The transport may keep the frame here for retransmission instead of a
-                // copy, while slots are plentiful.
-                let handle = (self.umem.free_slots() >= self.sending_slots)
-                    .then(|| self.umem.slot_handle(base))
-                    .flatten();
-                let frames = self.umem.slot_frames();
-                let keep = Keep {
-                    handle,
-                    frames: &frames,
-                };
-                let buf = self.umem.slice_mut(base, self.mtu + 14);
-                match self.node.poll_transmit_keeping(now, room, buf, Some(keep)) {
-                    Some((dir, len, kept)) => {
-                        let n = len.div_ceil(CHUNK).clamp(1, MAX_FRAME_CHUNKS);
-                        for (k, d) in descs[..n].iter_mut().enumerate() {
-                            let at = k * CHUNK;
-                            *d = XdpDesc {
-                                addr: base + at as u64,
-                                len: len.saturating_sub(at).min(CHUNK) as u32,
-                                options: if k + 1 < n { XDP_PKT_CONTD } else { 0 },
-                            };
-                        }
-                        self.umem.commit_slot(base, n as u32, kept);
-                        Some((dir, n))
-                    }
-                    None => {
-                        self.umem.commit_slot(base, 0, false);
-                        None
-                    }
-                }
-            } else {
-                let Some(addr) = self.umem.alloc() else { break };
-                let buf = self.umem.slice_mut(addr, CHUNK);
-                match self.node.poll_transmit(now, room, buf) {
-                    Some((dir, len)) => {
-                        descs[0] = XdpDesc {
-                            addr,
-                            len: len as u32,
-                            options: 0,
-                        };
-                        Some((dir, 1))
-                    }
-                    None => {
-                        self.umem.release(addr);
-                        None
-                    }
-                }
-            };
-            let Some((dir, n)) = out else { break };
-            let descs = &descs[..n];
-            match self.by_dir[usize::from(dir.index())] {
-                Some(o) => self.push_tx(o, descs),
-                None => {
-                    // Another poller's link: hand the frame over (copied).
-                    let mut bytes = Vec::new();
-                    for d in descs {
-                        bytes.extend_from_slice(self.umem.slice(d.addr, d.len as usize));
-                        self.umem.release(d.addr);
-                    }
-                    if let Some(owner) = self.shared.link_shard[usize::from(dir.index())] {
-                        self.hand_off(owner, Handoff::Send(dir, bytes));
-                    }
-                }
+            let node = &mut self.node;
+            let mut tx = tx_path!(self, reserved);
+            let room = tx.room();
+            if !tx.ready(room)
+                || !tx.send_one(room, |room, buf, keep| {
+                    node.poll_transmit_keeping(now, room, buf, keep)
+                })
+            {
+                break;
             }
             sent += 1;
         }
@@ -1354,8 +1303,14 @@ impl Poller {
     fn poll_services(&mut self) -> usize {
         let now = self.now();
         let mut n = 0;
+        let reserved = self.transit.wanted();
         for svc in &mut self.services {
-            let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
+            let mut engine = Routed {
+                node: &mut self.node,
+                shared: &self.shared,
+                shard: self.shard,
+                tx: Some(tx_path!(self, reserved)),
+            };
             n += svc.poll(now, &mut engine);
         }
         n

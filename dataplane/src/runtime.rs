@@ -348,6 +348,9 @@ pub struct TransportStatus {
     pub retransmitted_frames: u64,
     /// New reliable frames kept in their transmit slot for retransmission, not copied.
     pub kept_frames: u64,
+    /// New reliable frames a hosted service's message was written into straight, never
+    /// queued (one copy of a jumbo message instead of two).
+    pub framed_straight: u64,
     /// Explicit ACKs sent.
     pub ack_frames: u64,
     /// NACKs sent.
@@ -393,6 +396,7 @@ impl TransportStatus {
             data_frames: s.data_frames,
             retransmitted_frames: s.retransmitted_frames,
             kept_frames: s.kept_frames,
+            framed_straight: s.framed_straight,
             ack_frames: s.ack_frames,
             nack_frames: s.nack_frames,
             short_frames: s.short_frames,
@@ -721,6 +725,7 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         a.data_frames += b.data_frames;
         a.retransmitted_frames += b.retransmitted_frames;
         a.kept_frames += b.kept_frames;
+        a.framed_straight += b.framed_straight;
         a.ack_frames += b.ack_frames;
         a.nack_frames += b.nack_frames;
         a.short_frames += b.short_frames;
