@@ -351,7 +351,9 @@ impl Service for Bench {
             } else {
                 MsgOptions::default()
             };
-            match node.send(now, to, BENCH, &self.buf, opts) {
+            // Straight into its frame when it fills one (a jumbo message: one copy, not
+            // two); refused while the links are full, and tried again on the next poll.
+            match node.send_framing(now, to, BENCH, &self.buf, opts) {
                 Ok(()) => {
                     if b.req.verify {
                         b.sum = b.sum.wrapping_add(fnv(&self.buf[HEAD..]));
