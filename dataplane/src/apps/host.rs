@@ -490,7 +490,9 @@ impl AppsHost {
         let sent = if o.service == NOTICES {
             Err(reason::REFUSED)
         } else {
-            match node.send(now, o.target, o.service, &o.data, o.opts) {
+            // A large message goes straight into its frame when the links keep up (one copy
+            // less); refused while they are full, and retried first on the next poll.
+            match node.send_framing(now, o.target, o.service, &o.data, o.opts) {
                 Ok(()) => Ok(()),
                 Err(SendError::WouldBlock) => return Err(o),
                 Err(e) => Err(reason_code(FailReason::of_send(e))),
