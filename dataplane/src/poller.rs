@@ -148,6 +148,7 @@ impl Engine for Routed<'_> {
     fn key_root(&self, key: u64) -> Option<torusnet_proto::topology::Coord> {
         self.node.key_root(key)
     }
+    #[inline]
     fn send(
         &mut self,
         now: Time,
@@ -178,7 +179,10 @@ impl Engine for Routed<'_> {
         data: &[u8],
         opts: torusnet_proto::node::MsgOptions,
     ) -> Result<(), SendError> {
-        let mine = self.owner(target, opts.reliable) == self.shard;
+        // Most messages (everything smaller than half a frame) are queued: they are sent
+        // without working out the links' room or taking a buffer.
+        let mine = self.node.frames_straight(data.len(), opts.reliable)
+            && self.owner(target, opts.reliable) == self.shard;
         let (node, tx) = (&mut *self.node, self.tx.as_mut().filter(|_| mine));
         let Some(tx) = tx else {
             return self.send(now, target, service, data, opts);

@@ -587,6 +587,14 @@ impl Node {
     /// returns them). `Ok(None)`: taken as `send` takes it. `Err(WouldBlock)` also when such
     /// a message cannot go at once: nothing was taken, try again after the next transmit.
     /// While source routing is in use, or keyed messages wait, it is `send`.
+    /// Whether [`Node::send_framing`] may write a message of `len` bytes straight into a
+    /// frame (see [`transport::Transport::frames_straight`]); for any other message it is
+    /// [`Node::send`], and a driver need not find it a buffer first.
+    #[inline]
+    pub fn frames_straight(&self, len: usize, reliable: bool) -> bool {
+        self.transport.frames_straight(len, reliable)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn send_framing(
         &mut self,

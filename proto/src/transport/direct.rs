@@ -29,6 +29,17 @@ use super::{
 use crate::time::Time;
 
 impl Transport {
+    /// Whether a message of `len` bytes is one [`Transport::send_framing`] writes straight
+    /// into its frame (when nothing waits): reliable, whole in one frame, and more than half
+    /// of it. What could still share its frame is smaller, and aggregation gains too little
+    /// from holding it back to wait for that (with aggregation off, every frame carries one
+    /// message). A driver asks first, and finds no frame buffer for the others.
+    #[inline]
+    pub fn frames_straight(&self, len: usize, reliable: bool) -> bool {
+        let max = self.cfg.max_payload();
+        reliable && len <= max && (!self.cfg.aggregate || 2 * (len + MSG_HEADER_LEN) > max)
+    }
+
     /// As [`Transport::send`], but a reliable message of more than half a frame is written
     /// straight into `buf` (which holds `mtu + 14` bytes; an empty one when the driver has
     /// none free) when nothing else waits to be sent, and the frame returned
@@ -47,13 +58,7 @@ impl Transport {
         buf: &mut [u8],
         keep: Option<Keep<'_>>,
     ) -> Result<Option<Transmit>, SendError> {
-        let max = self.cfg.max_payload();
-        // Whole in one frame, and more than half of it: what could still share the frame is
-        // smaller, and aggregation gains too little from holding it back to wait for that
-        // (with aggregation off, every frame carries one message).
-        let alone = m.reliable
-            && m.data.len() <= max
-            && (!self.cfg.aggregate || 2 * (m.data.len() + MSG_HEADER_LEN) > max);
+        let alone = self.frames_straight(m.data.len(), m.reliable);
         let established = self
             .conns
             .get(&m.dest)
