@@ -6,6 +6,7 @@ pub mod carrier;
 pub mod cluster;
 pub mod config;
 pub mod counters;
+pub mod fill_depth;
 pub mod ip;
 pub mod kvgw;
 pub mod linkload;

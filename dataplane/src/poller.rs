@@ -18,6 +18,7 @@ use torusnet_proto::wire::{Dest, FrameView, Header, Kind, HEADERS_LEN};
 
 use crate::config::Polling;
 use crate::counters::{add, LinkCounters};
+use crate::fill_depth::FillDepth;
 use crate::linkload::LinkLoads;
 use crate::loader::XdpAttachment;
 use crate::runtime::{
@@ -233,7 +234,8 @@ pub struct Poller {
     sending_slots: usize,
     /// Slots the transport has just let go of (reused buffer).
     released: Vec<u32>,
-    fill_target: u32,
+    /// How deep each port's fill ring is kept.
+    fill: Vec<FillDepth>,
     /// A command the engine could not take yet (its queue was full).
     pending: Option<Command>,
     inboxes: HashMap<u16, Arc<Inbox>>,
@@ -317,9 +319,14 @@ impl Poller {
         let ring = ports.first().map(|p| p.xsk.fill.size()).unwrap_or(2048);
         // An eighth of the UMEM may wait in transit; the rest keeps the fill rings stocked.
         let transit_chunks = (umem.chunks() / 8) as usize;
-        let fill_target = ring
+        let fill_max = ring
             .min(umem.chunks() / (2 * ports.len().max(1) as u32))
             .max(16);
+        // Busy pollers refill every turn and keep their rings only as deep as the traffic
+        // needs (cold chunks cost every round trip); adaptive ones may be away, and keep
+        // theirs full.
+        let follow = matches!(shared.polling, Polling::Busy);
+        let fill = vec![FillDepth::new(fill_max, follow); ports.len()];
         Poller {
             shard,
             node,
@@ -334,7 +341,7 @@ impl Poller {
             chunks_per_frame,
             sending_slots,
             released: Vec::new(),
-            fill_target,
+            fill,
             pending: None,
             inboxes: HashMap::new(),
             inbox_version: u64::MAX,
@@ -1107,12 +1114,14 @@ impl Poller {
     }
 
     /// Tells the engine how many more frames this poller's rings can take (receiver
-    /// pacing): per port, the fill chunks the kernel holds and the room left in the RX ring,
-    /// whichever is less, in whole frames.
+    /// pacing): per port, the fill chunks the kernel can receive into before the next
+    /// refill ([`FillDepth::can_take`]) and the room left in the RX ring, whichever is
+    /// less, in whole frames.
     fn state_rx_room(&mut self) {
         let mut chunks = 0u32;
-        for p in &mut self.ports {
-            let fill = p.xsk.fill.outstanding();
+        let free = self.umem.free_chunks() as u32;
+        for (p, depth) in self.ports.iter_mut().zip(&self.fill) {
+            let fill = depth.can_take(p.xsk.fill.outstanding(), free);
             let rx_room = p.xsk.rx.size() - p.xsk.rx.available(u32::MAX);
             chunks = chunks.saturating_add(fill.min(rx_room));
         }
@@ -1134,10 +1143,13 @@ impl Poller {
     /// Keeps port `i`'s fill ring stocked with free chunks.
     fn refill(&mut self, i: usize) {
         let outstanding = self.ports[i].xsk.fill.outstanding();
-        if outstanding >= self.fill_target {
+        let now = self.now().as_nanos();
+        let want = self.fill[i]
+            .want(outstanding, now)
+            .min(self.ports[i].xsk.fill.free());
+        if want == 0 {
             return;
         }
-        let want = (self.fill_target - outstanding).min(self.ports[i].xsk.fill.free());
         let mut n = 0;
         while n < want {
             let Some(a) = self.umem.alloc() else {
@@ -1148,6 +1160,7 @@ impl Poller {
             n += 1;
         }
         if n > 0 {
+            self.fill[i].posted(n);
             self.ports[i].xsk.fill.submit(n);
             self.ports[i].xsk.wake_rx();
         }
