@@ -579,14 +579,6 @@ impl Node {
         self.transport.send_hinted(now, m, run)
     }
 
-    /// As [`Node::send`], but a reliable message to a server that would travel alone in its
-    /// frame is written straight into `buf` (`mtu + 14` bytes, or empty when the driver has
-    /// no buffer free) when nothing else waits to be sent, on a link in `room`: the
-    /// transport's [`send_framing`](transport::Transport::send_framing), with the frame's
-    /// link, length and whether the transport kept `buf` (as [`Node::poll_transmit_keeping`]
-    /// returns them). `Ok(None)`: taken as `send` takes it. `Err(WouldBlock)` also when such
-    /// a message cannot go at once: nothing was taken, try again after the next transmit.
-    /// While source routing is in use, or keyed messages wait, it is `send`.
     /// Whether [`Node::send_framing`] may write a message of `len` bytes straight into a
     /// frame (see [`transport::Transport::frames_straight`]); for any other message it is
     /// [`Node::send`], and a driver need not find it a buffer first.
@@ -595,6 +587,15 @@ impl Node {
         self.transport.frames_straight(len, reliable)
     }
 
+    /// As [`Node::send`], but a reliable message to a server that goes straight into its
+    /// frame ([`Node::frames_straight`]) is written into `buf` (`mtu + 14` bytes, or empty
+    /// when the driver has no buffer free) when nothing else waits to be sent, on a link in
+    /// `room`: the transport's [`send_framing`](transport::Transport::send_framing), with
+    /// the frame's link, length and whether the transport kept `buf` (as
+    /// [`Node::poll_transmit_keeping`] returns them). `Ok(None)`: taken as `send` takes it.
+    /// `Err(WouldBlock)` also when such a message cannot go at once: nothing was taken, try
+    /// again after the next transmit. While source routes are being written into frames, or
+    /// probes or keyed messages wait, it is `send`.
     #[allow(clippy::too_many_arguments)]
     pub fn send_framing(
         &mut self,
@@ -612,9 +613,14 @@ impl Node {
             Target::Key(k) if opts.reliable => self.routes.key_root(k),
             Target::Key(_) => None,
         };
+        // Source routes are written into frames after the transport built them, and the
+        // source router's probes go before anything else: neither may be bypassed.
+        let stamped = self.source_used && self.source.is_enabled();
+        let probes = self.source_used && self.source.has_pending();
         let Some(dest) = dest.filter(|&d| {
             d != self.local
-                && !self.source_used
+                && !stamped
+                && !probes
                 && self.key_out.is_empty()
                 && self.routes.is_reachable(d)
         }) else {
@@ -622,6 +628,10 @@ impl Node {
         };
         self.last_now = self.last_now.max(now);
         self.declared = None;
+        let from = opts.from.unwrap_or(service);
+        if self.source_used {
+            self.source.touch(now, &self.view, dest, from);
+        }
         let m = Outgoing {
             dest,
             service,
@@ -629,11 +639,11 @@ impl Node {
             reliable: opts.reliable,
             fences: opts.fences,
             tag: opts.tag,
-            from: opts.from.unwrap_or(service),
+            from,
         };
         let paths = NodePaths {
             routes: &self.routes,
-            source: None,
+            source: self.source_used.then_some(&self.source),
         };
         let Some(t) =
             self.transport
