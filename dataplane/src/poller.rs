@@ -186,31 +186,48 @@ impl Engine for Routed<'_> {
             && self.owner(target, opts.reliable) == self.shard;
         let (node, tx) = (&mut *self.node, self.tx.as_mut().filter(|_| mine));
         let Some(tx) = tx else {
+            // Another poller's peer: it frames the message when it takes it over.
             return self.send(now, target, service, data, opts);
         };
-        let room = tx.room();
-        if !tx.ready(room) {
-            // No buffer or link now: the engine still takes what it would queue.
-            return node
-                .send_framing(now, target, service, data, opts, room, &mut [], None)
-                .map(|_| ());
-        }
-        let mut taken = Ok(());
-        tx.send_one(room, |room, buf, keep| {
-            match node.send_framing(now, target, service, data, opts, room, buf, keep) {
-                Ok(frame) => frame,
-                Err(e) => {
-                    taken = Err(e);
-                    None
-                }
-            }
-        });
-        taken
+        send_straight(node, tx, now, target, service, data, opts)
     }
     fn notify_acks(&mut self, service: u16, on: bool) {
         // Reports come from every poller's engine.
         let _ = self.shared.push(Command::NotifyAcks(service, on));
     }
+}
+
+/// [`Node::send_framing`] with a buffer from `tx`: a message that goes straight is written
+/// into a frame on one of `tx`'s links, other messages are taken as `send` takes them;
+/// `Err(WouldBlock)` also when it would go straight but cannot go at once.
+#[allow(clippy::too_many_arguments)]
+fn send_straight(
+    node: &mut Node,
+    tx: &mut TxPath<'_>,
+    now: Time,
+    target: Target,
+    service: u16,
+    data: &[u8],
+    opts: torusnet_proto::node::MsgOptions,
+) -> Result<(), SendError> {
+    let room = tx.room();
+    if !tx.ready(room) {
+        // No buffer or link now: the engine still takes what it would queue.
+        return node
+            .send_framing(now, target, service, data, opts, room, &mut [], None)
+            .map(|_| ());
+    }
+    let mut taken = Ok(());
+    tx.send_one(room, |room, buf, keep| {
+        match node.send_framing(now, target, service, data, opts, room, buf, keep) {
+            Ok(frame) => frame,
+            Err(e) => {
+                taken = Err(e);
+                None
+            }
+        }
+    });
+    taken
 }
 
 /// Idle turns an adaptive poller makes (yielding the core between them) before it sleeps.
@@ -653,7 +670,20 @@ impl Poller {
                             }
                         }
                     }
-                    match self.node.send(now, target, service, &data, opts) {
+                    // A message handed over by another poller (its peer's connection is this
+                    // one's) goes straight into its frame when it can go at once; else it is
+                    // queued, so that commands behind it never wait for a closed window.
+                    let mut sent = Err(SendError::WouldBlock);
+                    if self.node.frames_straight(data.len(), opts.reliable) {
+                        let reserved = self.transit.wanted();
+                        let node = &mut self.node;
+                        let mut tx = tx_path!(self, reserved);
+                        sent = send_straight(node, &mut tx, now, target, service, &data, opts);
+                    }
+                    if sent == Err(SendError::WouldBlock) {
+                        sent = self.node.send(now, target, service, &data, opts);
+                    }
+                    match sent {
                         Ok(()) => n += 1,
                         Err(SendError::WouldBlock) => {
                             // The engine's queue is full: hold it, take no more for now.
