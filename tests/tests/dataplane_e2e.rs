@@ -199,6 +199,27 @@ fn two_pollers_per_server_share_the_links() {
         u(&a, &["engine", "handoffs"]) > 0,
         "frames crossed between pollers"
     );
+    // Messages that fill a frame each go straight into their frames, whichever poller
+    // owns the peer's connection and the link: exactly once, in fence order, intact.
+    let r = c
+        .ctl(0, &json!({"cmd": "bench", "to": "1,0,0", "bytes": 20u64 << 20, "size": 1400, "fence_every": 10}))
+        .unwrap_or_else(|e| panic!("bench: {e}\n{}\n{}", c.log(0), c.log(1)));
+    let rx = &r["receiver"];
+    assert_eq!(u(rx, &["delivered"]), u(&r, &["messages"]), "{r}");
+    assert_eq!(
+        u(rx, &["fence_violations"]) + u(rx, &["duplicated"]) + u(rx, &["corrupted"]),
+        0,
+        "{r}"
+    );
+    assert_eq!(rx["checksum"], r["sender_checksum"]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let a = c.ctl(0, &json!({"cmd": "status"})).unwrap();
+    let straight = u(&a, &["engine", "transport", "framed_straight"]);
+    eprintln!(
+        "two pollers, 1400 B: {straight} of {} framed straight",
+        u(&r, &["messages"])
+    );
+    assert!(straight > 0, "{a}");
 }
 
 #[test]
