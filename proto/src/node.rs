@@ -513,10 +513,8 @@ impl Node {
     ) -> Result<(), SendError> {
         let MsgOptions {
             reliable,
-            fences,
             intercept,
-            tag,
-            from,
+            ..
         } = opts;
         let dest = match target {
             Target::Server(c) => c,
@@ -562,21 +560,35 @@ impl Node {
         if !self.routes.is_reachable(dest) {
             return Err(SendError::Unreachable);
         }
+        let m = self.outgoing(now, dest, service, data, opts);
+        self.transport.send_hinted(now, m, run)
+    }
+
+    /// The transport's form of a message to `dest`, noted as sent now (the source router
+    /// learns of traffic to `dest` from it).
+    #[inline]
+    fn outgoing<'a>(
+        &mut self,
+        now: Time,
+        dest: Coord,
+        service: u16,
+        data: &'a [u8],
+        opts: MsgOptions,
+    ) -> Outgoing<'a> {
         self.last_now = self.last_now.max(now);
+        let from = opts.from.unwrap_or(service);
         if self.source_used {
-            self.source
-                .touch(now, &self.view, dest, from.unwrap_or(service));
+            self.source.touch(now, &self.view, dest, from);
         }
-        let m = Outgoing {
+        Outgoing {
             dest,
             service,
             data,
-            reliable,
-            fences,
-            tag,
-            from: from.unwrap_or(service),
-        };
-        self.transport.send_hinted(now, m, run)
+            reliable: opts.reliable,
+            fences: opts.fences,
+            tag: opts.tag,
+            from,
+        }
     }
 
     /// Whether [`Node::send_framing`] may write a message of `len` bytes straight into a
@@ -626,21 +638,8 @@ impl Node {
         }) else {
             return self.send(now, target, service, data, opts).map(|()| None);
         };
-        self.last_now = self.last_now.max(now);
         self.declared = None;
-        let from = opts.from.unwrap_or(service);
-        if self.source_used {
-            self.source.touch(now, &self.view, dest, from);
-        }
-        let m = Outgoing {
-            dest,
-            service,
-            data,
-            reliable: opts.reliable,
-            fences: opts.fences,
-            tag: opts.tag,
-            from,
-        };
+        let m = self.outgoing(now, dest, service, data, opts);
         let paths = NodePaths {
             routes: &self.routes,
             source: self.source_used.then_some(&self.source),
