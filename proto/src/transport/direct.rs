@@ -58,14 +58,12 @@ impl Transport {
         buf: &mut [u8],
         keep: Option<Keep<'_>>,
     ) -> Result<Option<Transmit>, SendError> {
-        let alone = self.frames_straight(m.data.len(), m.reliable);
-        let established = self
-            .conns
-            .get(&m.dest)
-            .is_some_and(|c| c.life.established());
-        if !alone || m.dest == self.local || !established {
+        if !self.frames_straight(m.data.len(), m.reliable) || m.dest == self.local {
             return self.send(now, m).map(|()| None);
         }
+        let Some(conn) = self.conns.get_mut(&m.dest).filter(|c| c.life.established()) else {
+            return self.send(now, m).map(|()| None);
+        };
         let (own, others) = self.queues.holding(m.from);
         if own {
             // The sender's queued messages go first; it is refused until they have gone,
@@ -76,9 +74,6 @@ impl Transport {
             // Another service's turn, a repair or an ACK is due: waiting in line is fair.
             return self.send(now, m).map(|()| None);
         }
-        let Some(conn) = self.conns.get_mut(&m.dest) else {
-            return self.send(now, m).map(|()| None);
-        };
         if !conn.send.can_send() || buf.len() < ETH_LEN + self.cfg.mtu {
             return Err(SendError::WouldBlock);
         }
