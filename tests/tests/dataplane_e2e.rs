@@ -14,6 +14,25 @@ fn u(v: &Value, path: &[&str]) -> u64 {
     c.as_u64().unwrap_or(0)
 }
 
+/// A checked bench run from server 0 to 1,0,0: every message delivered exactly once, in
+/// fence order, byte-exact (by checksum). The bench's answer.
+fn checked_bench(c: &Cluster, bytes: u64, size: u64, fence_every: u64) -> Value {
+    let r = c
+        .ctl(0, &json!({"cmd": "bench", "to": "1,0,0", "bytes": bytes, "size": size, "fence_every": fence_every}))
+        .unwrap_or_else(|e| panic!("bench: {e}\n{}\n{}", c.log(0), c.log(1)));
+    eprintln!("bench, {size} B: {r}");
+    let rx = &r["receiver"];
+    assert_eq!(u(rx, &["delivered"]), u(&r, &["messages"]), "{r}");
+    assert_eq!(u(rx, &["duplicated"]), 0, "{r}");
+    assert_eq!(u(rx, &["corrupted"]), 0, "{r}");
+    assert_eq!(u(rx, &["fence_violations"]), 0, "{r}");
+    assert_eq!(
+        rx["checksum"], r["sender_checksum"],
+        "byte-exact by checksum"
+    );
+    r
+}
+
 #[test]
 fn gigabyte_over_two_jumbo_links_with_two_percent_loss() {
     let dims = Dims::new(2, 1, 1).unwrap();
@@ -32,20 +51,8 @@ fn gigabyte_over_two_jumbo_links_with_two_percent_loss() {
                 .unwrap();
         }
     }
-    let r = c
-        .ctl(0, &json!({"cmd": "bench", "to": "1,0,0", "bytes": 1u64 << 30, "size": 65536, "fence_every": 64}))
-        .unwrap_or_else(|e| panic!("bench: {e}\n{}\n{}", c.log(0), c.log(1)));
-    eprintln!("bench: {r}");
-    let rx = &r["receiver"];
-    assert_eq!(u(rx, &["delivered"]), u(&r, &["messages"]), "{r}");
-    assert_eq!(u(rx, &["duplicated"]), 0);
-    assert_eq!(u(rx, &["corrupted"]), 0);
-    assert_eq!(u(rx, &["fence_violations"]), 0);
-    assert!(u(rx, &["bytes"]) >= 1 << 30);
-    assert_eq!(
-        rx["checksum"], r["sender_checksum"],
-        "byte-exact by checksum"
-    );
+    let r = checked_bench(&c, 1 << 30, 65536, 64);
+    assert!(u(&r["receiver"], &["bytes"]) >= 1 << 30);
     let a = c.ctl(0, &json!({"cmd": "status"})).unwrap();
     let b = c.ctl(1, &json!({"cmd": "status"})).unwrap();
     let dropped: u64 = b["links"]
@@ -86,19 +93,8 @@ fn gigabyte_over_two_jumbo_links_with_two_percent_loss() {
     }
     // Messages that fill a jumbo frame each go straight from the bench's bytes into their
     // frame (never queued), through the same loss: still exactly once, in order, intact.
-    let r = c
-        .ctl(0, &json!({"cmd": "bench", "to": "1,0,0", "bytes": 200u64 << 20, "size": 8900, "fence_every": 50}))
-        .unwrap_or_else(|e| panic!("bench: {e}\n{}\n{}", c.log(0), c.log(1)));
-    eprintln!("bench, 8900 B: {r}");
-    let rx = &r["receiver"];
-    assert_eq!(u(rx, &["delivered"]), u(&r, &["messages"]), "{r}");
-    assert_eq!(u(rx, &["duplicated"]), 0);
-    assert_eq!(u(rx, &["corrupted"]), 0);
-    assert_eq!(u(rx, &["fence_violations"]), 0);
-    assert_eq!(
-        rx["checksum"], r["sender_checksum"],
-        "byte-exact by checksum"
-    );
+    let r = checked_bench(&c, 200 << 20, 8900, 50);
+    std::thread::sleep(std::time::Duration::from_millis(300));
     let s = c.ctl(0, &json!({"cmd": "status"})).unwrap();
     let straight = u(&s, &["engine", "transport", "framed_straight"]);
     eprintln!("framed straight: {straight}");
@@ -169,17 +165,7 @@ fn two_pollers_per_server_share_the_links() {
     c.link(0, Dir::PlusX, 1);
     c.link(0, Dir::MinusX, 1);
     c.start_with(|_| "polling = \"adaptive\"\ncores = [0, 1]\n".to_string());
-    let r = c
-        .ctl(0, &json!({"cmd": "bench", "to": "1,0,0", "bytes": 100u64 << 20, "size": 4000, "fence_every": 10}))
-        .unwrap_or_else(|e| panic!("bench: {e}\n{}\n{}", c.log(0), c.log(1)));
-    let rx = &r["receiver"];
-    assert_eq!(u(rx, &["delivered"]), u(&r, &["messages"]), "{r}");
-    assert_eq!(
-        u(rx, &["fence_violations"]) + u(rx, &["duplicated"]) + u(rx, &["corrupted"]),
-        0,
-        "{r}"
-    );
-    assert_eq!(rx["checksum"], r["sender_checksum"]);
+    checked_bench(&c, 100 << 20, 4000, 10);
     let a = c.ctl(0, &json!({"cmd": "status"})).unwrap();
     assert_eq!(u(&a, &["engine", "pollers"]), 2);
     let pollers: Vec<u64> = a["links"]
@@ -201,17 +187,7 @@ fn two_pollers_per_server_share_the_links() {
     );
     // Messages that fill a frame each go straight into their frames, whichever poller
     // owns the peer's connection and the link: exactly once, in fence order, intact.
-    let r = c
-        .ctl(0, &json!({"cmd": "bench", "to": "1,0,0", "bytes": 20u64 << 20, "size": 1400, "fence_every": 10}))
-        .unwrap_or_else(|e| panic!("bench: {e}\n{}\n{}", c.log(0), c.log(1)));
-    let rx = &r["receiver"];
-    assert_eq!(u(rx, &["delivered"]), u(&r, &["messages"]), "{r}");
-    assert_eq!(
-        u(rx, &["fence_violations"]) + u(rx, &["duplicated"]) + u(rx, &["corrupted"]),
-        0,
-        "{r}"
-    );
-    assert_eq!(rx["checksum"], r["sender_checksum"]);
+    let r = checked_bench(&c, 20 << 20, 1400, 10);
     std::thread::sleep(std::time::Duration::from_millis(300));
     let a = c.ctl(0, &json!({"cmd": "status"})).unwrap();
     let straight = u(&a, &["engine", "transport", "framed_straight"]);
