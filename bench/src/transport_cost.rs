@@ -49,14 +49,23 @@ pub fn run(a: &Args) -> Result<(), String> {
     let mut rx = Transport::new(dst, cfg);
     let links = |_: Coord| LinkSet::first(2);
     let mut buf = vec![0u8; 14 + a.mtu];
+    let mut frame = vec![0u8; 14 + a.mtu];
     let data = vec![0x5a; a.size];
     let mut now = Time::ZERO;
     let (mut delivered, mut bytes) = (0u64, 0u64);
     let mut sent = 0u64;
     while delivered < a.messages {
         while sent < a.messages {
-            match tx.send(now, bench_message(dst, &data, sent)) {
-                Ok(()) => sent += 1,
+            // As torusd's bench service sends: straight into a frame when the message goes
+            // alone at once, else queued.
+            match send_now(&mut tx, now, bench_message(dst, &data, sent), &mut frame) {
+                Ok(straight) => {
+                    sent += 1;
+                    if let Some(len) = straight {
+                        rx.handle_frame(now, &frame[..len])
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
                 Err(SendError::WouldBlock) => break,
                 Err(e) => return Err(e.to_string()),
             }
@@ -100,18 +109,64 @@ pub fn run(a: &Args) -> Result<(), String> {
 /// The largest message `--pingpong` sends (the answer is built in a buffer this long).
 const PING_MAX: usize = 256;
 
-/// One crossing of a ping-pong: frames go between the two ends (`from`'s first) until `to`
-/// has read a message, which it answers with one of the same bytes when `answer` (as the
-/// ping service echoes); at most a few passes, for the handshake of the first trip.
+/// Sends `m` as torusd's pollers send for their services: asks whether it may go straight
+/// into a frame ([`Transport::may_frame_straight`]); if so, writes it into `frame` with
+/// [`Transport::send_framing`] (the frame's length returned, for the caller to deliver),
+/// else queues it with `send`. `WouldBlock` for a message that would go straight but cannot
+/// go now: the bench service stops there until the next transmit, as this loop does.
+#[inline(always)]
+fn send_now(
+    t: &mut Transport,
+    now: Time,
+    m: Outgoing<'_>,
+    frame: &mut [u8],
+) -> Result<Option<usize>, SendError> {
+    if !t.may_frame_straight(m.data.len(), m.reliable) {
+        return t.send(now, m).map(|()| None);
+    }
+    let links = |_: Coord| LinkSet::first(2);
+    t.send_framing(now, m, LinkSet::first(2), &links, frame, None)
+        .map(|straight| straight.map(|f| f.len))
+}
+
+/// [`send_now`] for a request or an answer, as the ping service sends them: one that would
+/// go straight but cannot go now is queued.
+#[inline(always)]
+fn send_ping(
+    t: &mut Transport,
+    now: Time,
+    m: Outgoing<'_>,
+    frame: &mut [u8],
+) -> Result<Option<usize>, SendError> {
+    match send_now(t, now, m, frame) {
+        Err(SendError::WouldBlock) => t.send(now, m).map(|()| None),
+        r => r,
+    }
+}
+
+/// A frame one end has built straight from a message, not yet on the wire.
+struct Held {
+    frame: Vec<u8>,
+    len: Option<usize>,
+}
+
+/// One crossing of a ping-pong: frames go between the two ends (`from`'s first, after the
+/// one it built straight, if any) until `to` has read a message, which it answers with one
+/// of the same bytes when `answer` (as the ping service echoes); at most a few passes, for
+/// the handshake of the first trip.
 fn crossing(
     now: Time,
-    from: &mut Transport,
-    to: &mut Transport,
+    (from, to): (&mut Transport, &mut Transport),
     back: Coord,
     buf: &mut [u8],
+    held: &mut Held,
     answer: bool,
 ) -> Result<(), String> {
     let mut reply = [0u8; PING_MAX];
+    if let Some(len) = held.len.take() {
+        to.handle_frame(now, &held.frame[..len])
+            .map_err(|e| e.to_string())?;
+    }
     for _ in 0..8 {
         pass_frames(now, from, to, buf)?;
         while let Some(e) = to.poll_event_ref() {
@@ -119,8 +174,13 @@ fn crossing(
                 if answer {
                     let n = data.len().min(reply.len());
                     reply[..n].copy_from_slice(&data[..n]);
-                    to.send(now, bench_message(back, &reply[..n], 0))
-                        .map_err(|e| e.to_string())?;
+                    held.len = send_ping(
+                        to,
+                        now,
+                        bench_message(back, &reply[..n], 0),
+                        &mut held.frame,
+                    )
+                    .map_err(|e| e.to_string())?;
                 }
                 return Ok(());
             }
@@ -209,19 +269,28 @@ fn ping_counts(a: &Args) -> Result<PingCounts, String> {
     let half = Duration::from_micros(3);
     let mut now = Time::ZERO;
     let mut trips = 0u64;
+    let mut held = Held {
+        frame: vec![0u8; 14 + a.mtu],
+        len: None,
+    };
     while trips < a.messages {
-        x.send(now, bench_message(cb, &data, trips))
-            .map_err(|e| e.to_string())?;
+        held.len = send_ping(
+            &mut x,
+            now,
+            bench_message(cb, &data, trips),
+            &mut held.frame,
+        )
+        .map_err(|e| e.to_string())?;
         for t in [&mut x, &mut y] {
             if t.poll_timeout().is_some_and(|d| d <= now) {
                 t.handle_timeout(now);
             }
         }
         now = now + half;
-        crossing(now, &mut x, &mut y, ca, &mut buf, true)
+        crossing(now, (&mut x, &mut y), ca, &mut buf, &mut held, true)
             .map_err(|e| format!("round trip {trips}, request: {e}"))?;
         now = now + half;
-        crossing(now, &mut y, &mut x, cb, &mut buf, false)
+        crossing(now, (&mut y, &mut x), cb, &mut buf, &mut held, false)
             .map_err(|e| format!("round trip {trips}, answer: {e}"))?;
         trips += 1;
     }

@@ -180,7 +180,7 @@ impl Engine for Routed<'_> {
         data: &[u8],
         opts: torusnet_proto::node::MsgOptions,
     ) -> Result<(), SendError> {
-        // Most messages (everything smaller than half a frame) are queued: they are sent
+        // Most small messages (a stream's, with frames in flight) are queued: they are sent
         // without working out the links' room or taking a buffer.
         let mine = self.node.frames_straight(data.len(), opts.reliable)
             && self.owner(target, opts.reliable) == self.shard;

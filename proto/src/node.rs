@@ -592,11 +592,12 @@ impl Node {
     }
 
     /// Whether [`Node::send_framing`] may write a message of `len` bytes straight into a
-    /// frame (see [`transport::Transport::frames_straight`]); for any other message it is
-    /// [`Node::send`], and a driver need not find it a buffer first.
+    /// frame (see [`transport::Transport::may_frame_straight`]: a large message, or a small
+    /// one when nothing waits); for any other message it is [`Node::send`], and a driver
+    /// need not find it a buffer first.
     #[inline]
     pub fn frames_straight(&self, len: usize, reliable: bool) -> bool {
-        self.transport.frames_straight(len, reliable)
+        self.transport.may_frame_straight(len, reliable)
     }
 
     /// As [`Node::send`], but a reliable message to a server that goes straight into its

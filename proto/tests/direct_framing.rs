@@ -121,11 +121,11 @@ fn message(data: &[u8], tag: u64, fences: Fences) -> Outgoing<'_> {
 
 /// One random run: bursts of messages sent without transmitting in between, then
 /// transmitted; sometimes the peer's ACKs are held back, so the window closes.
-fn run(seed: u64) -> (u64, u64) {
+fn run(seed: u64) -> (u64, u64, u64) {
     let mut rng = SplitMix64::new(seed);
     let (mut queued, mut direct) = (Pair::new(8), Pair::new(8));
     let mut now = Time::ZERO;
-    let (mut framed, mut refused) = (0u64, 0u64);
+    let (mut framed, mut refused, mut small) = (0u64, 0u64, 0u64);
     let mut tag = 0u64;
     for _ in 0..400 {
         let burst = 1 + rng.next_u64() % 4;
@@ -161,6 +161,7 @@ fn run(seed: u64) -> (u64, u64) {
                 Ok(Some(t)) => {
                     assert_eq!(t.kind, TxKind::Data);
                     framed += 1;
+                    small += u64::from(len < 713);
                     direct.record(now, t.len, deliver);
                     // What the queueing pair sends for it at once.
                     queued.drain_a(now, deliver);
@@ -199,19 +200,22 @@ fn run(seed: u64) -> (u64, u64) {
     assert_eq!(queued.wire, direct.wire, "seed {seed}");
     assert_eq!(direct.got.len() as u64, tag, "seed {seed}: all delivered");
     assert_eq!(queued.got, direct.got, "seed {seed}");
-    (framed, refused)
+    (framed, refused, small)
 }
 
 #[test]
 fn framing_straight_puts_on_the_wire_what_queueing_would() {
-    let (mut framed, mut refused) = (0, 0);
+    let (mut framed, mut refused, mut small) = (0, 0, 0);
     for seed in 1..=6 {
-        let (f, r) = run(seed);
+        let (f, r, s) = run(seed);
         framed += f;
         refused += r;
+        small += s;
     }
-    // The run went both ways: straight into frames, and refused on a closed window.
+    // The run went every way: straight into frames (small messages too, on an idle
+    // connection), and refused on a closed window.
     assert!(framed > 300, "framed straight: {framed}");
+    assert!(small > 10, "small ones framed straight: {small}");
     assert!(refused > 20, "refused: {refused}");
 }
 
@@ -222,6 +226,22 @@ fn a_message_that_shares_frames_or_meets_a_queue_waits() {
     let large = [2u8; 1430];
     let now = Time::ZERO;
     let mut buf = vec![0u8; 14 + MTU];
+    // Nothing waits and nothing is in flight: a small message goes alone at once, as the
+    // next frame would have carried it (Nagle's rule).
+    let t =
+        p.a.send_framing(
+            now,
+            message(&small, 0, Fences::default()),
+            LinkSet::first(2),
+            &two_links,
+            &mut buf,
+            None,
+        )
+        .expect("taken")
+        .expect("an idle connection's small message goes straight");
+    assert_eq!((t.kind, t.messages), (TxKind::Data, 1));
+    p.b.handle_frame(now, &buf[..t.len]).expect("B takes it");
+    // With that frame in flight, the next waits to share a frame with what follows.
     let r = p.a.send_framing(
         now,
         message(&small, 1, Fences::default()),
@@ -256,7 +276,7 @@ fn a_message_that_shares_frames_or_meets_a_queue_waits() {
         "another service's large one queues behind it for its fair turn"
     );
     p.exchange(now, true);
-    assert_eq!(p.got, vec![small.to_vec(), large.to_vec()]);
+    assert_eq!(p.got, vec![small.to_vec(), small.to_vec(), large.to_vec()]);
     assert!(!p.a.may_transmit(), "nothing waits at A");
     // Nothing waits now: it goes straight; with no link to send on, it is refused.
     let r = p.a.send_framing(
@@ -282,11 +302,21 @@ fn a_message_that_shares_frames_or_meets_a_queue_waits() {
     assert_eq!((t.kind, t.messages), (TxKind::Data, 1));
     p.b.handle_frame(now, &buf[..t.len]).expect("B takes it");
     p.exchange(now, true);
-    assert_eq!(p.got.len(), 3);
-    assert_eq!(p.got[2], large.to_vec());
-    // The line: more than half of a frame's 1436 payload bytes (with a message header, as
-    // aggregated), up to a whole frame.
-    for (len, straight) in [(712, false), (713, true), (1436, true), (1437, false)] {
+    assert_eq!(p.got.len(), 4);
+    assert_eq!(p.got[3], large.to_vec());
+    // The line between large messages (straight whenever nothing waits) and small ones
+    // (straight only on an idle connection): more than half of a frame's 1436 payload
+    // bytes, with a message header, as aggregated.
+    for (len, large) in [(712, false), (713, true), (1436, true), (1437, false)] {
+        assert_eq!(p.a.frames_straight(len, true), large, "{len} bytes");
+    }
+    // Each sent on an idle connection (B's delayed ACK has come back): straight, but for
+    // one that needs fragments.
+    let mut now = now;
+    for (len, straight) in [(712, true), (713, true), (1436, true), (1437, false)] {
+        now = now + Duration::from_millis(1);
+        p.timers(now);
+        p.exchange(now, true);
         let data = vec![3u8; len];
         let r =
             p.a.send_framing(

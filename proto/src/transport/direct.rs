@@ -40,15 +40,47 @@ impl Transport {
         reliable && len <= max && (!self.cfg.aggregate || 2 * (len + MSG_HEADER_LEN) > max)
     }
 
-    /// As [`Transport::send`], but a reliable message of more than half a frame is written
-    /// straight into `buf` (which holds `mtu + 14` bytes; an empty one when the driver has
-    /// none free) when nothing else waits to be sent, and the frame returned
-    /// (`Ok(Some(..))`), on a link in `room`, as [`Transport::poll_transmit_keeping`]
-    /// would have built it from the queue. `Ok(None)`: queued as `send` queues it (a smaller
-    /// message, or another service's messages, a repair or an ACK wait). `Err(WouldBlock)`:
-    /// it would go straight but cannot now (the sender's own messages are queued, the
-    /// window is closed, no link has room, no buffer); nothing was taken, try again after
-    /// the next transmit.
+    /// Whether a small reliable message (one [`Transport::frames_straight`] does not take)
+    /// may go straight into a frame of its own, as far as the transport can tell without
+    /// looking up its connection or walking its queues: aggregation holds nothing back for
+    /// a deadline, and no repair, ACK or announce waits. (The queue used last is asked
+    /// first, apart: a sender streaming small messages finds its own there, in one check.)
+    #[inline(always)]
+    fn may_go_alone(&self, len: usize, reliable: bool) -> bool {
+        reliable
+            && MSG_HEADER_LEN + len <= self.cfg.max_payload()
+            && self.cfg.agg_delay.is_zero()
+            && self.announce.is_empty()
+            && self.urgent.is_empty()
+    }
+
+    /// Whether [`Transport::send_framing`] may write a reliable message of `len` bytes
+    /// straight into a frame now, so that a driver should find it a buffer: a large one
+    /// ([`Transport::frames_straight`]), or a small one that queueing would likely send alone
+    /// in the next frame anyway. For a small message that is Nagle's rule, which
+    /// `send_framing` completes: nothing waits to be sent and nothing is in flight to its
+    /// server, so no frame is being filled that it could share and no ACK is awaited that a
+    /// burst behind it would wait for. A request or answer of a round trip goes so, without
+    /// the queue's copy, plan and take; a stream of small messages keeps its queue and
+    /// window full, so its messages still meet one another in the queue (and this answer
+    /// costs it one check of the queue it joins). `false` for every other message: the
+    /// driver calls `send`.
+    #[inline]
+    pub fn may_frame_straight(&self, len: usize, reliable: bool) -> bool {
+        self.frames_straight(len, reliable)
+            || (!self.queues.last_holding() && self.may_go_alone(len, reliable))
+    }
+
+    /// As [`Transport::send`], but a message [`Transport::may_frame_straight`] takes is
+    /// written straight into `buf` (which holds `mtu + 14` bytes; an empty one when the
+    /// driver has none free) and the frame returned (`Ok(Some(..))`), on a link in `room`,
+    /// as [`Transport::poll_transmit_keeping`] would have built it from the queue. `Ok(None)`:
+    /// queued as `send` queues it (a small message with something in flight or waiting, or
+    /// before its connection's handshake; any message that meets another service's
+    /// messages, a repair or an ACK waiting; a small message also when it cannot go at
+    /// once). `Err(WouldBlock)`: a large message would go straight but cannot
+    /// now (the sender's own messages are queued, the window is closed, no link has room,
+    /// no buffer); nothing was taken, try again after the next transmit.
     pub fn send_framing(
         &mut self,
         now: Time,
@@ -58,28 +90,60 @@ impl Transport {
         buf: &mut [u8],
         keep: Option<Keep<'_>>,
     ) -> Result<Option<Transmit>, SendError> {
-        if !self.frames_straight(m.data.len(), m.reliable) || m.dest == self.local {
+        let len = m.data.len();
+        let large = self.frames_straight(len, m.reliable);
+        if !large && (self.queues.last_holding() || !self.may_go_alone(len, m.reliable)) {
             return self.send(now, m).map(|()| None);
         }
-        let Some(conn) = self.conns.get_mut(&m.dest).filter(|c| c.life.established()) else {
+        self.frame_straight(now, m, large, (room, paths), buf, keep)
+    }
+
+    /// [`Transport::send_framing`] for a message that may go straight (`large`, or small
+    /// with nothing waiting): the connection's part.
+    #[inline(never)]
+    fn frame_straight(
+        &mut self,
+        now: Time,
+        m: Outgoing<'_>,
+        large: bool,
+        (room, paths): (LinkSet, &impl Paths),
+        buf: &mut [u8],
+        keep: Option<Keep<'_>>,
+    ) -> Result<Option<Transmit>, SendError> {
+        let len = m.data.len();
+        if m.dest == self.local {
+            return self.send(now, m).map(|()| None);
+        }
+        let Some(conn) = self
+            .conns
+            .get_mut(&m.dest)
+            .filter(|c| c.life.established() && (large || c.send.in_flight() == 0))
+        else {
             return self.send(now, m).map(|()| None);
         };
         let (own, others) = self.queues.holding(m.from);
-        if own {
+        if own && large {
             // The sender's queued messages go first; it is refused until they have gone,
             // and then goes straight again (queueing behind them would only keep it queueing).
             return Err(SendError::WouldBlock);
         }
-        if others || !self.announce.is_empty() || !self.urgent.is_empty() {
+        if own || others || !self.announce.is_empty() || !self.urgent.is_empty() {
             // Another service's turn, a repair or an ACK is due: waiting in line is fair.
             return self.send(now, m).map(|()| None);
         }
-        if !conn.send.can_send() || buf.len() < ETH_LEN + self.cfg.mtu {
-            return Err(SendError::WouldBlock);
-        }
         let usable = paths.links_for(m.dest, m.from).and(room);
-        let Some(link) = conn.next_link(usable) else {
-            return Err(SendError::WouldBlock);
+        let link = if conn.send.can_send() && buf.len() >= ETH_LEN + self.cfg.mtu {
+            conn.next_link(usable)
+        } else {
+            None
+        };
+        let Some(link) = link else {
+            // A small message waits in the queue for the room; a large one is handed back.
+            return if large {
+                Err(SendError::WouldBlock)
+            } else {
+                self.send(now, m).map(|()| None)
+            };
         };
         self.last_now = self.last_now.max(now);
         self.declared = None;
@@ -89,7 +153,6 @@ impl Transport {
         h.flags |= flags::RELIABLE | flags::FRAG_FIRST | flags::FRAG_LAST | fence_flags(m.fences);
         h.conn = conn.life.cid();
         h.peer_conn = conn.life.peer_cid().unwrap_or(0);
-        let len = m.data.len();
         buf[HEADERS_LEN..HEADERS_LEN + len].copy_from_slice(m.data);
         let msn = conn.next_msn;
         conn.next_msn += 1;

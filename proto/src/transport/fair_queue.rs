@@ -648,6 +648,14 @@ impl FairQueue {
         self.queues.iter().all(ServiceQueue::is_empty)
     }
 
+    /// Whether the queue used last holds messages: one check that answers for a sender
+    /// streaming small messages (they join its queue), before [`FairQueue::is_empty`] walks
+    /// them all.
+    #[inline]
+    pub fn last_holding(&self) -> bool {
+        self.queues.get(self.last).is_some_and(|q| !q.is_empty())
+    }
+
     /// Whether `service`'s own queue holds messages, and whether any other queue does.
     pub fn holding(&self, service: u16) -> (bool, bool) {
         let (mut own, mut others) = (false, false);
