@@ -837,11 +837,22 @@ impl Poller {
             return;
         }
         let lend = self.may_lend();
-        let frame = self.umem.slice_mut(d.addr, d.len as usize);
         let action = if lend {
+            // SAFETY: the chunk came off the RX ring and stays ours until it is released
+            // below, after the last use of `frame` and of the message lent from it; the
+            // services' answers are written only into chunks the UMEM hands out.
+            let frame = unsafe { self.umem.held_mut(d.addr, d.len as usize) };
             match self.node.handle_rx_lending(now, dir, frame) {
                 Received::Message(m) => {
-                    let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
+                    // The services read the message where it lies and may answer straight
+                    // into a frame of their own (a round trip's answer skips the queue).
+                    let reserved = self.transit.wanted();
+                    let mut engine = Routed {
+                        node: &mut self.node,
+                        shared: &self.shared,
+                        shard: self.shard,
+                        tx: Some(tx_path!(self, reserved)),
+                    };
                     let hosts = (&self.service_of, &mut self.services[..]);
                     let copied = take_lent(hosts, &mut engine, now, &m, &mut self.msg_buf);
                     self.umem.release(d.addr);
@@ -851,6 +862,7 @@ impl Poller {
                 Received::Action(a) => a,
             }
         } else {
+            let frame = self.umem.slice_mut(d.addr, d.len as usize);
             self.node.handle_rx(now, dir, frame)
         };
         match action {
@@ -901,7 +913,13 @@ impl Poller {
             let action = if self.may_lend() {
                 match self.node.handle_rx_lending(now, dir, &mut scratch[..total]) {
                     Received::Message(m) => {
-                        let mut engine = Routed::new(&mut self.node, &self.shared, self.shard);
+                        let reserved = self.transit.wanted();
+                        let mut engine = Routed {
+                            node: &mut self.node,
+                            shared: &self.shared,
+                            shard: self.shard,
+                            tx: Some(tx_path!(self, reserved)),
+                        };
                         let hosts = (&self.service_of, &mut self.services[..]);
                         let copied = take_lent(hosts, &mut engine, now, &m, &mut self.msg_buf);
                         self.scratch = scratch;

@@ -272,6 +272,25 @@ impl Umem {
         // SAFETY: as above, and &mut self makes it exclusive on our side.
         unsafe { std::slice::from_raw_parts_mut(self.map.ptr().add(addr as usize), len) }
     }
+
+    /// The bytes at `addr..addr+len` of a chunk the caller holds (taken off a ring, not
+    /// released), writable, borrowing nothing of the UMEM: while a message in a received
+    /// frame is read where it lies, the same poller may take other chunks and write frames
+    /// into them (an answer sent straight into its frame), which `slice_mut` would forbid.
+    ///
+    /// # Safety
+    ///
+    /// Until the slice is dropped the caller keeps holding the chunk (neither releases it
+    /// nor puts it on a ring), makes no other slice of it, and keeps the UMEM alive.
+    pub unsafe fn held_mut<'a>(&self, addr: u64, len: usize) -> &'a mut [u8] {
+        if !self.check(addr, len) {
+            return &mut [];
+        }
+        // SAFETY: in range of the live mapping; the caller's hold makes these bytes
+        // exclusive to the slice (every other slice is of a chunk the UMEM hands out or was
+        // given, never of a held one).
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr().add(addr as usize), len) }
+    }
 }
 
 #[cfg(test)]

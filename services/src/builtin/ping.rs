@@ -10,7 +10,7 @@ use torusnet_proto::node::{Event, MsgOptions, Target};
 use torusnet_proto::service::{Engine, Request, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
-use torusnet_proto::transport::Lent;
+use torusnet_proto::transport::{Lent, SendError};
 
 use super::percentile_us;
 
@@ -107,7 +107,7 @@ impl Ping {
             tag: u64::from(p.seq),
             ..MsgOptions::default()
         };
-        match node.send(now, Target::Server(p.req.to), PING, &self.buf, opts) {
+        match send_now(node, now, p.req.to, &self.buf, opts) {
             Ok(()) => p.sent_at = Some(now),
             Err(_) => {
                 // Could not even queue it: lost; the next goes at the next poll.
@@ -148,7 +148,7 @@ impl Ping {
                     ..MsgOptions::default()
                 };
                 // An echo that cannot be queued is a lost pong, as on any network.
-                let _ = node.send(now, Target::Server(src), PING, &self.buf, opts);
+                let _ = send_now(node, now, src, &self.buf, opts);
             }
             Some(b'R') => {
                 let seq = data
@@ -165,6 +165,22 @@ impl Ping {
             }
             _ => {}
         }
+    }
+}
+
+/// Sends a request or an echo: straight into its frame when it can go at once (a round
+/// trip's message usually can: nothing else waits, nothing is in flight), else queued.
+fn send_now(
+    node: &mut dyn Engine,
+    now: Time,
+    to: Coord,
+    data: &[u8],
+    opts: MsgOptions,
+) -> Result<(), SendError> {
+    match node.send_framing(now, Target::Server(to), PING, data, opts) {
+        // A large one that cannot go at once waits in the queue instead.
+        Err(SendError::WouldBlock) => node.send(now, Target::Server(to), PING, data, opts),
+        r => r,
     }
 }
 
