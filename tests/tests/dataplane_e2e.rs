@@ -103,6 +103,33 @@ fn gigabyte_over_two_jumbo_links_with_two_percent_loss() {
         "most 8900 B messages framed straight: {straight} of {}",
         u(&r, &["messages"])
     );
+    // A round trip's small messages go straight too (nothing waits, nothing in flight):
+    // the requests at 0,0,0, and the echoes at 1,0,0, written while the services read the
+    // request where it arrived.
+    for link in ["+x", "-x"] {
+        for i in 0..2 {
+            c.ctl(i, &json!({"cmd": "fault", "link": link, "drop": 0.0}))
+                .unwrap();
+        }
+    }
+    let framed = |i: usize| {
+        let s = c.ctl(i, &json!({"cmd": "status"})).unwrap();
+        u(&s, &["engine", "transport", "framed_straight"])
+    };
+    let before = [framed(0), framed(1)];
+    let p = c
+        .ctl(
+            0,
+            &json!({"cmd": "ping", "to": "1,0,0", "count": 2000, "reliable": true}),
+        )
+        .unwrap();
+    assert_eq!(u(&p, &["received"]), 2000, "{p}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for (i, b) in before.into_iter().enumerate() {
+        let n = framed(i) - b;
+        eprintln!("reliable ping: server {i} framed {n} of 2000 messages straight");
+        assert!(n > 1000, "server {i}: {n} of 2000 framed straight");
+    }
 }
 
 #[test]
