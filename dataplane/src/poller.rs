@@ -114,6 +114,31 @@ impl<'a> Routed<'a> {
         }
     }
 
+    /// Sends through the engine of poller `owner` (the one [`Routed::owner`] names): this
+    /// one's directly, another's as a command.
+    fn send_via(
+        &mut self,
+        owner: usize,
+        now: Time,
+        target: Target,
+        service: u16,
+        data: &[u8],
+        opts: torusnet_proto::node::MsgOptions,
+    ) -> Result<(), SendError> {
+        if owner == self.shard {
+            return self.node.send(now, target, service, data, opts);
+        }
+        let c = Command::Send {
+            target,
+            service,
+            data: data.to_vec(),
+            opts,
+        };
+        self.shared
+            .push_to(owner, c)
+            .map_err(|_| SendError::WouldBlock)
+    }
+
     /// The poller whose engine holds the connection a message to `target` travels on.
     fn owner(&self, target: Target, reliable: bool) -> usize {
         match target {
@@ -159,18 +184,7 @@ impl Engine for Routed<'_> {
         opts: torusnet_proto::node::MsgOptions,
     ) -> Result<(), SendError> {
         let owner = self.owner(target, opts.reliable);
-        if owner == self.shard {
-            return self.node.send(now, target, service, data, opts);
-        }
-        let c = Command::Send {
-            target,
-            service,
-            data: data.to_vec(),
-            opts,
-        };
-        self.shared
-            .push_to(owner, c)
-            .map_err(|_| SendError::WouldBlock)
+        self.send_via(owner, now, target, service, data, opts)
     }
     fn send_framing(
         &mut self,
@@ -182,14 +196,16 @@ impl Engine for Routed<'_> {
     ) -> Result<(), SendError> {
         // Most small messages (a stream's, with frames in flight) are queued: they are sent
         // without working out the links' room or taking a buffer.
-        let mine = self.node.frames_straight(data.len(), opts.reliable)
-            && self.owner(target, opts.reliable) == self.shard;
-        let (node, tx) = (&mut *self.node, self.tx.as_mut().filter(|_| mine));
-        let Some(tx) = tx else {
+        let straight = self.node.frames_straight(data.len(), opts.reliable);
+        let owner = self.owner(target, opts.reliable);
+        let (node, tx) = (&mut *self.node, self.tx.as_mut());
+        match tx {
+            Some(tx) if straight && owner == self.shard => {
+                send_straight(node, tx, now, target, service, data, opts)
+            }
             // Another poller's peer: it frames the message when it takes it over.
-            return self.send(now, target, service, data, opts);
-        };
-        send_straight(node, tx, now, target, service, data, opts)
+            _ => self.send_via(owner, now, target, service, data, opts),
+        }
     }
     fn notify_acks(&mut self, service: u16, on: bool) {
         // Reports come from every poller's engine.
