@@ -11,15 +11,21 @@
 //! message numbers, fences, piggybacked ACK, kept copy and completion record (a test
 //! compares the two frame by frame).
 //!
+//! A smaller message goes straight only by Nagle's rule, when nothing is in flight to its
+//! server either: then nothing could share its frame, and queueing it would only have sent
+//! it alone in the next frame (a round trip's request and answer). A stream of small
+//! messages keeps frames in flight, so its messages still meet in the queue and share
+//! frames.
+//!
 //! Order and fairness are kept by going straight only when nothing waits to be sent: no
 //! queued message (of any service), retransmission or ACK is overtaken. A sender whose own
-//! messages are queued is refused ([`SendError::WouldBlock`]) until they have gone, and a
-//! message that meets another service's queued messages, a repair or an ACK due is queued
-//! as `send` queues it (its turn is the fair queue's to give). A message that would go
-//! straight but cannot go at once (the window is closed, no link towards its peer has room,
-//! no buffer) is refused rather than queued, so a sender that keeps up with the link never
-//! pays the queue's copy. Smaller messages, and any message before its connection's
-//! handshake, are queued as `send` queues them.
+//! messages are queued is refused ([`SendError::WouldBlock`]) until they have gone (a large
+//! message) or queued behind them (a small one), and a message that meets another service's
+//! queued messages, a repair or an ACK due is queued as `send` queues it (its turn is the
+//! fair queue's to give). A large message that would go straight but cannot go at once (the
+//! window is closed, no link towards its peer has room, no buffer) is refused rather than
+//! queued, so a sender that keeps up with the link never pays the queue's copy; a small one
+//! is queued. Any message before its connection's handshake is queued as `send` queues it.
 
 use super::{
     fence_distance, fence_flags, finish_data_frame, flags, seqnum, Dest, Header, Keep, Kind,
