@@ -145,8 +145,8 @@ impl Sim {
     }
 
     /// A torus with every server up and every link live, its servers split into `threads`
-    /// parts run in parallel windows (see [`part`]). A run gives the same result whatever
-    /// the number of threads.
+    /// parts run in parallel windows (see the `part` module). A run gives the same result
+    /// whatever the number of threads.
     pub fn with_threads(mut cfg: SimConfig, threads: usize) -> Result<Sim, String> {
         // Thousands of engines share this process's memory: each keeps few spare frame
         // buffers (a server of its own keeps a window's worth, to allocate nothing).

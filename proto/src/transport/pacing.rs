@@ -62,7 +62,7 @@ impl RxPacing {
     }
 
     /// Whether the active senders are to be counted again at `now` (at most once per
-    /// [`ACTIVE_FOR`], since counting visits every connection).
+    /// `ACTIVE_FOR`, a millisecond, since counting visits every connection).
     pub fn count_due(&self, now: Time) -> bool {
         self.room.is_some() && self.counted_at.is_none_or(|t| now.since(t) >= ACTIVE_FOR)
     }
