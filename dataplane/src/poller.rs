@@ -92,6 +92,21 @@ macro_rules! tx_path {
     };
 }
 
+/// The engine as hosted services see it, with this poller's links to send straight into
+/// frames on (a macro, like `tx_path!`, so that it borrows the poller's fields apart and
+/// leaves its services and buffers free).
+macro_rules! routed_tx {
+    ($p:ident) => {{
+        let reserved = $p.transit.wanted();
+        Routed {
+            node: &mut $p.node,
+            shared: &$p.shared,
+            shard: $p.shard,
+            tx: Some(tx_path!($p, reserved)),
+        }
+    }};
+}
+
 /// The engine as a hosted service sees it: sends to peers whose connections another poller
 /// owns become commands for that poller (hosted services live with the first poller; every
 /// connection must stay with its owner).
@@ -862,13 +877,7 @@ impl Poller {
                 Received::Message(m) => {
                     // The services read the message where it lies and may answer straight
                     // into a frame of their own (a round trip's answer skips the queue).
-                    let reserved = self.transit.wanted();
-                    let mut engine = Routed {
-                        node: &mut self.node,
-                        shared: &self.shared,
-                        shard: self.shard,
-                        tx: Some(tx_path!(self, reserved)),
-                    };
+                    let mut engine = routed_tx!(self);
                     let hosts = (&self.service_of, &mut self.services[..]);
                     let copied = take_lent(hosts, &mut engine, now, &m, &mut self.msg_buf);
                     self.umem.release(d.addr);
@@ -929,13 +938,7 @@ impl Poller {
             let action = if self.may_lend() {
                 match self.node.handle_rx_lending(now, dir, &mut scratch[..total]) {
                     Received::Message(m) => {
-                        let reserved = self.transit.wanted();
-                        let mut engine = Routed {
-                            node: &mut self.node,
-                            shared: &self.shared,
-                            shard: self.shard,
-                            tx: Some(tx_path!(self, reserved)),
-                        };
+                        let mut engine = routed_tx!(self);
                         let hosts = (&self.service_of, &mut self.services[..]);
                         let copied = take_lent(hosts, &mut engine, now, &m, &mut self.msg_buf);
                         self.scratch = scratch;
@@ -1384,14 +1387,8 @@ impl Poller {
     fn poll_services(&mut self) -> usize {
         let now = self.now();
         let mut n = 0;
-        let reserved = self.transit.wanted();
         for svc in &mut self.services {
-            let mut engine = Routed {
-                node: &mut self.node,
-                shared: &self.shared,
-                shard: self.shard,
-                tx: Some(tx_path!(self, reserved)),
-            };
+            let mut engine = routed_tx!(self);
             n += svc.poll(now, &mut engine);
         }
         n
