@@ -266,11 +266,9 @@ impl Umem {
 
     /// The bytes at `addr..addr+len`, writable.
     pub fn slice_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
-        if !self.check(addr, len) {
-            return &mut [];
-        }
-        // SAFETY: as above, and &mut self makes it exclusive on our side.
-        unsafe { std::slice::from_raw_parts_mut(self.map.ptr().add(addr as usize), len) }
+        // SAFETY: the chunk is ours while we hold its address, and the slice borrows the
+        // UMEM mutably, so no other slice is made while it lives.
+        unsafe { self.held_mut(addr, len) }
     }
 
     /// The bytes at `addr..addr+len` of a chunk the caller holds (taken off a ring, not
