@@ -11,7 +11,7 @@ use torusnet_proto::rng::SplitMix64;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{
-    Config, Event, Fences, LinkSet, Outgoing, SendError, Transport, TxKind,
+    Config, Event, Fences, LinkSet, Outgoing, SendError, Transmit, Transport, TxKind,
 };
 
 const A: Coord = Coord::new(0, 0, 0);
@@ -219,6 +219,17 @@ fn framing_straight_puts_on_the_wire_what_queueing_would() {
     assert!(refused > 20, "refused: {refused}");
 }
 
+/// A's `send_framing` of `m` into `buf`, on the links in `room`.
+fn framing(
+    a: &mut Transport,
+    now: Time,
+    m: Outgoing<'_>,
+    room: LinkSet,
+    buf: &mut [u8],
+) -> Result<Option<Transmit>, SendError> {
+    a.send_framing(now, m, room, &two_links, buf, None)
+}
+
 #[test]
 fn a_message_that_shares_frames_or_meets_a_queue_waits() {
     let mut p = Pair::new(64);
@@ -228,36 +239,32 @@ fn a_message_that_shares_frames_or_meets_a_queue_waits() {
     let mut buf = vec![0u8; 14 + MTU];
     // Nothing waits and nothing is in flight: a small message goes alone at once, as the
     // next frame would have carried it (Nagle's rule).
-    let t =
-        p.a.send_framing(
-            now,
-            message(&small, 0, Fences::default()),
-            LinkSet::first(2),
-            &two_links,
-            &mut buf,
-            None,
-        )
-        .expect("taken")
-        .expect("an idle connection's small message goes straight");
+    let t = framing(
+        &mut p.a,
+        now,
+        message(&small, 0, Fences::default()),
+        LinkSet::first(2),
+        &mut buf,
+    )
+    .expect("taken")
+    .expect("an idle connection's small message goes straight");
     assert_eq!((t.kind, t.messages), (TxKind::Data, 1));
     p.b.handle_frame(now, &buf[..t.len]).expect("B takes it");
     // With that frame in flight, the next waits to share a frame with what follows.
-    let r = p.a.send_framing(
+    let r = framing(
+        &mut p.a,
         now,
         message(&small, 1, Fences::default()),
         LinkSet::first(2),
-        &two_links,
         &mut buf,
-        None,
     );
     assert_eq!(r, Ok(None), "a small message waits to share its frame");
-    let r = p.a.send_framing(
+    let r = framing(
+        &mut p.a,
         now,
         message(&large, 2, Fences::default()),
         LinkSet::first(2),
-        &two_links,
         &mut buf,
-        None,
     );
     assert_eq!(
         r,
@@ -268,8 +275,7 @@ fn a_message_that_shares_frames_or_meets_a_queue_waits() {
         from: 10,
         ..message(&large, 2, Fences::default())
     };
-    let r =
-        p.a.send_framing(now, other, LinkSet::first(2), &two_links, &mut buf, None);
+    let r = framing(&mut p.a, now, other, LinkSet::first(2), &mut buf);
     assert_eq!(
         r,
         Ok(None),
@@ -279,26 +285,23 @@ fn a_message_that_shares_frames_or_meets_a_queue_waits() {
     assert_eq!(p.got, vec![small.to_vec(), small.to_vec(), large.to_vec()]);
     assert!(!p.a.may_transmit(), "nothing waits at A");
     // Nothing waits now: it goes straight; with no link to send on, it is refused.
-    let r = p.a.send_framing(
+    let r = framing(
+        &mut p.a,
         now,
         message(&large, 3, Fences::default()),
         LinkSet::EMPTY,
-        &two_links,
         &mut buf,
-        None,
     );
     assert_eq!(r, Err(SendError::WouldBlock));
-    let t =
-        p.a.send_framing(
-            now,
-            message(&large, 3, Fences::default()),
-            LinkSet::first(2),
-            &two_links,
-            &mut buf,
-            None,
-        )
-        .expect("taken")
-        .expect("framed straight");
+    let t = framing(
+        &mut p.a,
+        now,
+        message(&large, 3, Fences::default()),
+        LinkSet::first(2),
+        &mut buf,
+    )
+    .expect("taken")
+    .expect("framed straight");
     assert_eq!((t.kind, t.messages), (TxKind::Data, 1));
     p.b.handle_frame(now, &buf[..t.len]).expect("B takes it");
     p.exchange(now, true);
@@ -318,16 +321,14 @@ fn a_message_that_shares_frames_or_meets_a_queue_waits() {
         p.timers(now);
         p.exchange(now, true);
         let data = vec![3u8; len];
-        let r =
-            p.a.send_framing(
-                now,
-                message(&data, 4, Fences::default()),
-                LinkSet::first(2),
-                &two_links,
-                &mut buf,
-                None,
-            )
-            .expect("taken");
+        let r = framing(
+            &mut p.a,
+            now,
+            message(&data, 4, Fences::default()),
+            LinkSet::first(2),
+            &mut buf,
+        )
+        .expect("taken");
         assert_eq!(r.is_some(), straight, "{len} bytes");
         if let Some(t) = r {
             p.b.handle_frame(now, &buf[..t.len]).expect("B takes it");
