@@ -7,7 +7,8 @@ set -euo pipefail
 PACKAGES=(
   clang llvm          # compiles the XDP program (ebpf/) to BPF bytecode
   gcc libc6-dev       # compiles the C example the application tests run
-  python3 python3-pip # the Python binding and its tests
+  python3 python3-pip python3-venv # the Python binding, its tests, its pip install test
+  dpkg-dev binutils   # the client library's Debian packages (dpkg-deb, objdump, strip)
   util-linux          # setpriv: the tests attach as an unprivileged user
   libelf-dev m4 zlib1g-dev pkg-config   # libxdp/libbpf, built from source by xsk-rs
   iproute2 ethtool    # namespaces, veth pairs, link settings in scripts and tests

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds the Debian package of torusnet (target/debian/torusnet_VERSION_ARCH.deb) with
+# Builds the Debian packages: torusnet (target/debian/torusnet_VERSION_ARCH.deb) with
 # cargo-deb: the binaries, systemd unit templates pointing at /usr/bin, an example node
 # file as /etc/torusnet/example.toml, man pages and shell completions generated from the
-# commands' own definitions, and the docs. Prints the package's path on the last line.
+# commands' own definitions, and the docs; and, for application developers,
+# libtorusnet-client0 and libtorusnet-client-dev (scripts/package-client-deb.sh).
+# Prints every package's path, torusnet's on the last line.
 #   bash scripts/package-deb.sh             (builds first)
 #   bash scripts/package-deb.sh --no-build  (packages what target/release holds)
 set -euo pipefail
@@ -33,6 +35,7 @@ for b in torusctl torusd; do
   gen zsh > "$out/completions/zsh/_$b"
   gen fish > "$out/completions/fish/$b.fish"
 done
+bash scripts/package-client-deb.sh
 # Stripped: the release profile keeps debug info for perf, which the package does not need.
 cargo deb -p torusnet-dataplane --no-build --strip --quiet --output target/debian/ >&2
 ls -t target/debian/torusnet_*.deb | head -1

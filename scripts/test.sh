@@ -10,6 +10,10 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # The end-to-end tests start the release binaries, so build everything first.
 cargo build --workspace --release --all-targets
 cargo test --workspace --release --exclude torusnet-e2e
+# The client crate as crates.io would get it (built from its packaged sources alone), and
+# its documentation without a warning.
+cargo package -p torusnet-client --allow-dirty --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc -p torusnet-client --no-deps --quiet
 # One namespace torus at a time: dozens of daemons share this machine's cores.
 cargo test --release -p torusnet-e2e -- --test-threads 1
 # The Python binding against real daemons (the C and Python examples also run in apps_e2e).

@@ -1,4 +1,4 @@
-//! The C ABI over [`Client`](crate::Client), declared in `client/include/torusnet.h`. Every
+//! The C ABI over [`Client`], declared in `client/include/torusnet.h`. Every
 //! function checks its pointers, never unwinds across the boundary, and returns a negative
 //! `TORUS_E*` code on failure, with a message for [`torus_last_error`].
 

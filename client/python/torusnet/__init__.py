@@ -9,16 +9,21 @@ exchange messages across the torus (ctypes over libtorusnet_client, the C ABI).
             c.send(ev.frm, ev.data, reliable=ev.reliable)
 
 The library is found through $TORUSNET_LIB, next to this package in a source checkout
-(target/release), or on the system's library path.
+(target/release), or by the dynamic loader as an installed system library
+(libtorusnet_client.so.0, from the libtorusnet-client0 package).
 """
 
 import ctypes
 import ctypes.util
 import os
 from collections import namedtuple
+from typing import Callable, List, Optional, Union
+
+__version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Address", "Key", "Name", "Buffer", "Event", "TorusError",
+    "Client", "Address", "Key", "Name", "Buffer", "Event", "Destination", "TorusError",
+    "WouldBlock", "service_id",
     "MESSAGE", "REQUEST", "ACKED", "FAILED", "PEER_RESET", "UNREACHABLE", "REACHABLE",
     "BUFFER_FILLED", "BUFFER_MISSED", "OVERFLOW",
 ]
@@ -48,8 +53,11 @@ Event = namedtuple("Event", "kind frm tag count key reliable reason data length"
 """An event: kind (MESSAGE ...), frm (Address), tag, count, key, reliable, reason, data
 (bytes of a message or request), length."""
 
+Destination = Union[Address, Key, Name, str]
+"""Where a message goes: a service on a server, a key's root, or a name (as Name or str)."""
 
-def service_id(name):
+
+def service_id(name: str) -> int:
     """The service id of application `name`, the same on every server (FNV-1a of the
     name into 1024..65535)."""
     h = 0x811C9DC5
@@ -61,7 +69,7 @@ def service_id(name):
 class TorusError(Exception):
     """A torusnet call failed: `code` is the TORUS_E* value, the message says why."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
 
@@ -91,23 +99,32 @@ class _Buffer(ctypes.Structure):
                 ("cookie", ctypes.c_uint64)]
 
 
-def _find_library():
+# The library's SONAME: the major version this binding speaks.
+_SONAME = "libtorusnet_client.so.0"
+
+
+def _load_library() -> ctypes.CDLL:
     env = os.environ.get("TORUSNET_LIB")
     if env:
-        return env
+        return ctypes.CDLL(env)
+    # In a source checkout (client/python/torusnet), the workspace's own build comes first.
     here = os.path.dirname(os.path.abspath(__file__))
-    for up in ("../../../target/release", "../../target/release"):
-        p = os.path.normpath(os.path.join(here, up, "libtorusnet_client.so"))
-        if os.path.exists(p):
-            return p
+    p = os.path.normpath(os.path.join(here, "../../../target/release/libtorusnet_client.so"))
+    if os.path.exists(p):
+        return ctypes.CDLL(p)
+    # Installed: the dynamic loader finds the SONAME on the system's library path.
+    try:
+        return ctypes.CDLL(_SONAME)
+    except OSError:
+        pass
     found = ctypes.util.find_library("torusnet_client")
     if found:
-        return found
-    raise OSError("libtorusnet_client.so not found: build the workspace (cargo build --release) "
-                  "or set TORUSNET_LIB")
+        return ctypes.CDLL(found)
+    raise OSError(_SONAME + " not found: install the libtorusnet-client0 package, build the "
+                  "workspace (cargo build --release), or set TORUSNET_LIB to the library's path")
 
 
-_lib = ctypes.CDLL(_find_library())
+_lib = _load_library()
 _P = ctypes.c_void_p
 _lib.torus_last_error.restype = ctypes.c_char_p
 _lib.torus_attach.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
@@ -133,7 +150,7 @@ _lib.torus_send_to_buffer.argtypes = [_P, ctypes.POINTER(_Buffer), ctypes.c_char
 _lib.torus_read_buffer.argtypes = [_P, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
 
 
-def _check(r):
+def _check(r: int) -> int:
     if r < 0:
         msg = _lib.torus_last_error().decode(errors="replace")
         if r == EAGAIN:
@@ -142,11 +159,11 @@ def _check(r):
     return r
 
 
-def _addr(a):
+def _addr(a: _Addr) -> Address:
     return Address(a.x, a.y, a.z, a.service)
 
 
-def _ms(timeout):
+def _ms(timeout: Optional[float]) -> int:
     if timeout is None:
         return -1
     return max(0, int(timeout * 1000)) if timeout > 0 else 0
@@ -155,34 +172,34 @@ def _ms(timeout):
 class Client:
     """An application attached to torusd under a service name (a context manager)."""
 
-    def __init__(self, socket, name):
+    def __init__(self, socket: str, name: str) -> None:
         self._c = _lib.torus_attach(socket.encode(), name.encode())
         if not self._c:
             raise TorusError(EREFUSED, _lib.torus_last_error().decode(errors="replace"))
         self._buf = ctypes.create_string_buffer(1 << 16)
         self.name = name
 
-    def close(self):
+    def close(self) -> None:
         """Detaches (the service is unregistered)."""
         if self._c:
             _lib.torus_detach(self._c)
             self._c = None
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()
 
     @property
-    def address(self):
+    def address(self) -> Address:
         """This application's Address (its server and service id)."""
         return _addr(_lib.torus_address(self._c))
 
-    def _dest(self, to):
+    def _dest(self, to: "Destination") -> _Dest:
         d = _Dest()
         if isinstance(to, Name) or isinstance(to, str):
             d.kind = 2
@@ -196,7 +213,8 @@ class Client:
             d.addr = _Addr(to[0], to[1], to[2], to[3])
         return d
 
-    def send(self, to, data, reliable=True, backward_fence=False, forward_fence=False):
+    def send(self, to: "Destination", data: bytes, reliable: bool = True,
+             backward_fence: bool = False, forward_fence: bool = False) -> int:
         """Sends `data` (bytes) to an Address, a Key or a Name (or a name as str); returns
         its tag. Raises WouldBlock when the channel is full."""
         flags = (_RELIABLE if reliable else 0) | (_BWD if backward_fence else 0) | \
@@ -207,7 +225,7 @@ class Client:
                                ctypes.byref(tag)))
         return tag.value
 
-    def recv(self, timeout=None):
+    def recv(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next Event, or None when nothing came within `timeout` seconds (None: wait
         for ever, 0: do not wait)."""
         ev = _Event()
@@ -225,13 +243,13 @@ class Client:
                          ev.key if ev.keyed else None, bool(ev.reliable), ev.reason, data,
                          ev.len)
 
-    def resolve(self, name, timeout=2.0):
+    def resolve(self, name: str, timeout: float = 2.0) -> List[Address]:
         """The Addresses of the servers hosting service `name`."""
         out = (_Addr * 64)()
         n = _check(_lib.torus_resolve(self._c, name.encode(), out, 64, _ms(timeout) or 1))
         return [_addr(out[i]) for i in range(n)]
 
-    def call(self, to, request, timeout=2.0):
+    def call(self, to: "Destination", request: bytes, timeout: float = 2.0) -> bytes:
         """Sends a request and returns its reply (bytes)."""
         d = self._dest(to)
         cap = 1 << 16
@@ -246,12 +264,13 @@ class Client:
             _check(r)
             return resp.raw[:n.value]
 
-    def respond(self, to, call, data):
+    def respond(self, to: Address, call: int, data: bytes) -> None:
         """Answers a REQUEST event (its `frm` and `tag`)."""
         a = _Addr(to[0], to[1], to[2], to[3])
         _check(_lib.torus_respond(self._c, a, call, bytes(data), len(data)))
 
-    def serve(self, handler, timeout=None):
+    def serve(self, handler: Callable[[Address, bytes], bytes],
+              timeout: Optional[float] = None) -> Optional[Event]:
         """Answers requests with handler(frm, data) -> bytes until another event comes
         (returned) or `timeout` passes with nothing (None returned)."""
         while True:
@@ -260,17 +279,17 @@ class Client:
                 return ev
             self.respond(ev.frm, ev.tag, handler(ev.frm, ev.data))
 
-    def notify_acks(self, on=True):
+    def notify_acks(self, on: bool = True) -> None:
         """Asks for ACKED events for this application's reliable messages."""
         _check(_lib.torus_notify_acks(self._c, 1 if on else 0))
 
-    def post_buffer(self, length):
+    def post_buffer(self, length: int) -> Buffer:
         """Posts a return buffer of `length` bytes; returns its Buffer descriptor."""
         b = _Buffer()
         _check(_lib.torus_post_buffer(self._c, length, ctypes.byref(b)))
         return Buffer(_addr(b.owner), b.id, b.len, b.cookie)
 
-    def send_to_buffer(self, buf, data, reliable=True):
+    def send_to_buffer(self, buf: Buffer, data: bytes, reliable: bool = True) -> int:
         """Sends `data` into another application's posted Buffer."""
         b = _Buffer(_Addr(*buf.owner), buf.id, buf.len, buf.cookie)
         tag = ctypes.c_uint64()
@@ -278,7 +297,7 @@ class Client:
                                          _RELIABLE if reliable else 0, ctypes.byref(tag)))
         return tag.value
 
-    def read_buffer(self, buffer_id, length):
+    def read_buffer(self, buffer_id: int, length: int) -> bytes:
         """The bytes of a filled return buffer (from its BUFFER_FILLED event); frees it."""
         out = ctypes.create_string_buffer(max(length, 1))
         n = _check(_lib.torus_read_buffer(self._c, buffer_id, out, length))
