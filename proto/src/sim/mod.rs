@@ -14,7 +14,7 @@ mod workers;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::node::{Event, MsgOptions, Node, Target};
+use crate::node::{DropReason, Event, MsgOptions, Node, Target};
 use crate::routing::bsr::BsrConfig;
 use crate::routing::load::LinkMeter;
 use crate::routing::LinkView;
@@ -82,7 +82,7 @@ pub struct SimStats {
     /// replaced by a restart included).
     pub key_no_root: u64,
     /// Frames the engines dropped, by reason (in [`crate::node::DropReason::ALL`]'s order).
-    pub dropped_by: [u64; 7],
+    pub dropped_by: [u64; DropReason::ALL.len()],
     /// Frames a server forwarded back over the link they came in on (views that disagree
     /// bounce a frame between two servers until one of them learns).
     pub bounced: u64,
@@ -751,5 +751,61 @@ mod tests {
         got.sort();
         assert_eq!(got.len(), sent.len());
         assert!(got == sent, "a message arrived changed");
+    }
+
+    #[test]
+    fn a_source_routed_frame_on_a_failed_link_is_counted_as_path_failed() {
+        // Frames already on their source route when a link of it fails reach the server
+        // before that link, which drops them as `PathFailed`: the drop table has a place
+        // for every reason, this one included.
+        let cfg = SimConfig {
+            dims: Dims::new(4, 4, 1).unwrap(),
+            rate_bps: 1_000_000_000,
+            delay: Duration::from_micros(5),
+            queue_frames: 64,
+            transport: Config::default(),
+            spread_by_load: true,
+        };
+        let mut sim = Sim::new(cfg).unwrap();
+        sim.enable_source_routing(BsrConfig::default());
+        let dims = sim.dims();
+        let (src, dst) = (Coord::new(0, 0, 0), Coord::new(2, 2, 0));
+        let s = dims.index(src);
+        let data = vec![3u8; 1200];
+        let opts = MsgOptions {
+            reliable: true,
+            ..MsgOptions::default()
+        };
+        let mut delivered = 0usize;
+        let mut sent = 0usize;
+        let mut cut = false;
+        while sim.now() < Time::ZERO + Duration::from_millis(200) {
+            while sent < 3000 && sim.send(s, Target::Server(dst), 9, &data, opts).is_ok() {
+                sent += 1;
+            }
+            let until = sim.now() + Duration::from_micros(20);
+            sim.run_until(until, |_, _, e| {
+                if matches!(e, Event::Message { .. }) {
+                    delivered += 1;
+                }
+            });
+            if !cut && delivered > 200 {
+                // The route's second link, in the middle of the path.
+                let r = sim.node(s).source_routing().route_to(dst).unwrap();
+                let mid = r.servers(dims, src).next().unwrap();
+                sim.set_link(mid, r.dir(1).unwrap(), false);
+                cut = true;
+            }
+            if delivered == sent && sent == 3000 {
+                break;
+            }
+        }
+        let st = sim.stats();
+        let k = DropReason::ALL
+            .iter()
+            .position(|r| *r == DropReason::PathFailed)
+            .unwrap();
+        assert!(st.dropped_by[k] > 0, "{st:?}");
+        assert_eq!(delivered, 3000, "every reliable message arrives: {st:?}");
     }
 }
