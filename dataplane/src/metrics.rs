@@ -110,6 +110,7 @@ pub fn render(status: &Value) -> String {
         "inbox_overflow",
         "no_service",
         "handoffs",
+        "handoff_dropped",
     ] {
         if let Some(v) = engine[k].as_f64() {
             e.add(

@@ -22,8 +22,8 @@ use crate::fill_depth::FillDepth;
 use crate::linkload::LinkLoads;
 use crate::loader::XdpAttachment;
 use crate::runtime::{
-    Command, EngineSnapshot, FlowRoute, Handoff, Inbox, RoutingStatus, ShardShared, Shared,
-    TransportStatus,
+    Command, EngineSnapshot, FlowRoute, Handoff, HandoffCounts, Inbox, RoutingStatus, ShardShared,
+    Shared, TransportStatus,
 };
 use crate::transit::Transit;
 use crate::tx_path::{TxPath, TX_QUEUE_LIMIT};
@@ -272,7 +272,7 @@ pub struct Poller {
     ports: Vec<Port>,
     /// Global link index (into `Shared::links`) of each port.
     link_idx: Vec<usize>,
-    handoffs: u64,
+    handoffs: HandoffCounts,
     by_dir: [Option<usize>; 6],
     shared: Arc<Shared>,
     epoch: Instant,
@@ -381,7 +381,7 @@ impl Poller {
             umem,
             ports,
             link_idx,
-            handoffs: 0,
+            handoffs: HandoffCounts::default(),
             by_dir,
             shared,
             epoch: Instant::now(),
@@ -1045,8 +1045,11 @@ impl Poller {
             for x in descs {
                 self.umem.release(x.addr);
             }
-            self.hand_off(owner, Handoff::Send(d, bytes));
-            add(&self.counters(from).forwarded, 1);
+            // A full queue (another poller may have filled it since the check above)
+            // drops the frame, counted as a hand-off dropped.
+            if self.hand_off(owner, Handoff::Send(d, bytes)) {
+                add(&self.counters(from).forwarded, 1);
+            }
             return true;
         }
         false
@@ -1068,8 +1071,8 @@ impl Poller {
         (owner != self.shard).then_some(owner)
     }
 
-    fn hand_off(&mut self, owner: usize, h: Handoff) {
-        tx_path!(self, DirSet::EMPTY).hand_off(owner, h);
+    fn hand_off(&mut self, owner: usize, h: Handoff) -> bool {
+        tx_path!(self, DirSet::EMPTY).hand_off(owner, h)
     }
 
     /// Frames other pollers passed to this one.
@@ -1087,11 +1090,12 @@ impl Poller {
                         self.node.handle_rx(now, Dir::PlusX, &mut bytes)
                     {
                         // The view moved while it was handed over: send it on from here.
-                        if let Some(d) = hops
+                        match hops
                             .iter()
                             .find(|d| self.by_dir[usize::from(d.index())].is_some())
                         {
-                            self.send_bytes(d, &bytes);
+                            Some(d) => self.send_bytes(d, &bytes),
+                            None => self.handoffs.dropped += 1,
                         }
                     }
                 }
@@ -1104,6 +1108,7 @@ impl Poller {
     /// Copies a whole frame into fresh chunks and puts it on our link `dir`.
     fn send_bytes(&mut self, dir: Dir, bytes: &[u8]) {
         let Some(o) = self.by_dir[usize::from(dir.index())] else {
+            self.handoffs.dropped += 1;
             return;
         };
         let need = bytes.len().div_ceil(CHUNK) as u32;
@@ -1111,9 +1116,14 @@ impl Poller {
             add(&self.counters(o).tx_ring_full, 1);
             return;
         }
-        let mut descs = Vec::new();
+        let mut descs: Vec<XdpDesc> = Vec::new();
         for part in bytes.chunks(CHUNK) {
             let Some(addr) = self.umem.alloc() else {
+                // Counted free above, so not expected; give back what was taken.
+                for d in &descs {
+                    self.umem.release(d.addr);
+                }
+                add(&self.counters(o).tx_ring_full, 1);
                 return;
             };
             self.umem.slice_mut(addr, part.len()).copy_from_slice(part);
@@ -1493,7 +1503,8 @@ impl Poller {
             tx_slots_kept: self.umem.held_slots(),
             inbox_overflow: self.overflow_drops,
             no_service: self.no_service,
-            handoffs: self.handoffs,
+            handoffs: self.handoffs.passed,
+            handoff_dropped: self.handoffs.dropped,
             pollers: 1,
             rtt: self
                 .node

@@ -109,6 +109,17 @@ pub enum Handoff {
     Send(Dir, Vec<u8>),
 }
 
+/// Frames one poller passed to others, and those it dropped because the other's hand-off
+/// queue was full.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HandoffCounts {
+    /// Frames queued for another poller.
+    pub passed: u64,
+    /// Frames dropped: the other poller's queue was full, or (handed over to a poller
+    /// whose view moved meanwhile) none of its links could take the frame on.
+    pub dropped: u64,
+}
+
 /// What one poller shares with the rest of the process.
 #[derive(Debug)]
 pub struct ShardShared {
@@ -134,6 +145,22 @@ impl ShardShared {
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
             snapshot: Mutex::new(EngineSnapshot::default()),
         })
+    }
+
+    /// Queues `h` for this poller and wakes it. A full queue turns the frame away, as a
+    /// full ring would (a reliable sender resends it): counted in `counts` either way.
+    pub(crate) fn hand_off(&self, h: Handoff, counts: &mut HandoffCounts) -> bool {
+        match self.handoff.push(h) {
+            Ok(()) => {
+                counts.passed += 1;
+                self.wake();
+                true
+            }
+            Err(_) => {
+                counts.dropped += 1;
+                false
+            }
+        }
     }
 
     /// Wakes this poller if it sleeps in poll().
@@ -256,6 +283,9 @@ pub struct EngineSnapshot {
     pub no_service: u64,
     /// Frames passed between pollers (copied).
     pub handoffs: u64,
+    /// Frames a poller could not pass to another (its queue full) or pass on after taking
+    /// them over; reliable senders resend them.
+    pub handoff_dropped: u64,
     /// Pollers running.
     pub pollers: usize,
     /// The transport's smoothed RTT per peer (the first 1024 measured).
@@ -756,6 +786,7 @@ fn merge(mut v: Vec<EngineSnapshot>) -> EngineSnapshot {
         total.inbox_overflow += s.inbox_overflow;
         total.no_service += s.no_service;
         total.handoffs += s.handoffs;
+        total.handoff_dropped += s.handoff_dropped;
         total.rtt.extend(s.rtt);
         let (a, b) = (&mut total.routing, s.routing);
         a.routed_sent += b.routed_sent;
@@ -1349,4 +1380,25 @@ impl Drop for Dataplane {
 /// robin. The UMEMs are sized by it before the links are opened, so both ask here.
 fn poller_of(link: usize, pollers: usize) -> usize {
     link % pollers.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_hand_off_queue_counts_the_frame_it_turns_away() {
+        let shard = ShardShared::new().expect("eventfd");
+        let mut counts = HandoffCounts::default();
+        let cap = shard.handoff.capacity();
+        for _ in 0..cap {
+            assert!(shard.hand_off(Handoff::Deliver(vec![1]), &mut counts));
+        }
+        assert!(!shard.hand_off(Handoff::Send(Dir::PlusX, vec![2]), &mut counts));
+        assert_eq!((counts.passed, counts.dropped), (cap as u64, 1));
+        // Room again once the owner takes one.
+        assert!(shard.handoff.pop().is_some());
+        assert!(shard.hand_off(Handoff::Deliver(vec![3]), &mut counts));
+        assert_eq!((counts.passed, counts.dropped), (cap as u64 + 1, 1));
+    }
 }

@@ -14,7 +14,7 @@ use torusnet_proto::transport::Keep;
 
 use crate::counters::add;
 use crate::poller::Port;
-use crate::runtime::{Handoff, Shared};
+use crate::runtime::{Handoff, HandoffCounts, Shared};
 use crate::xsk::sys::XDP_PKT_CONTD;
 use crate::xsk::{Umem, XdpDesc, CHUNK};
 
@@ -42,8 +42,8 @@ pub(crate) struct TxPath<'a> {
     pub(crate) chunks_per_frame: u32,
     /// Transmit slots kept free of retransmission copies.
     pub(crate) sending_slots: usize,
-    /// Frames handed to other pollers (counted for status).
-    pub(crate) handoffs: &'a mut u64,
+    /// Frames handed to other pollers, and dropped on the way (counted for status).
+    pub(crate) handoffs: &'a mut HandoffCounts,
     /// Links that frames in transit wait for: new frames leave them alone.
     pub(crate) reserved: DirSet,
 }
@@ -162,8 +162,12 @@ impl TxPath<'_> {
                     bytes.extend_from_slice(self.umem.slice(d.addr, d.len as usize));
                     self.umem.release(d.addr);
                 }
-                if let Some(owner) = self.shared.link_shard[usize::from(dir.index())] {
-                    self.hand_off(owner, Handoff::Send(dir, bytes));
+                // Passed on or dropped, the frame is counted either way.
+                match self.shared.link_shard[usize::from(dir.index())] {
+                    Some(owner) => {
+                        self.hand_off(owner, Handoff::Send(dir, bytes));
+                    }
+                    None => self.handoffs.dropped += 1,
                 }
             }
         }
@@ -188,11 +192,9 @@ impl TxPath<'_> {
         add(&c.tx_bytes, bytes);
     }
 
-    /// Passes `h` to poller `owner` and wakes it. A full queue drops the frame, as a full
-    /// ring would; the transport recovers.
-    pub(crate) fn hand_off(&mut self, owner: usize, h: Handoff) {
-        *self.handoffs += 1;
-        let _ = self.shared.shards[owner].handoff.push(h);
-        self.shared.shards[owner].wake();
+    /// Passes `h` to poller `owner` and wakes it; whether it was queued. A full queue
+    /// drops the frame, as a full ring would (counted; a reliable sender resends it).
+    pub(crate) fn hand_off(&mut self, owner: usize, h: Handoff) -> bool {
+        self.shared.shards[owner].hand_off(h, self.handoffs)
     }
 }
