@@ -45,11 +45,60 @@ const BACKLOG_HARD: usize = 2;
 const MAX_POSTED: usize = 4096;
 /// The largest message an application may send.
 const MAX_MESSAGE: usize = 64 << 20;
+/// "Return buffer missing" notices one application may owe while the transport has no room.
+const MAX_OWED_NOTICES: usize = 1024;
 
 struct Posted {
     off: u64,
     len: u32,
     cookie: u64,
+}
+
+/// Notices an application owes senders of messages into its return buffers that found no
+/// buffer ("return buffer missing"): those messages were acknowledged, so the notice is
+/// the only way their senders learn they were not placed. Sent at once when the transport
+/// has room, else kept in order and sent first on later turns; beyond `MAX_OWED_NOTICES`,
+/// or when the transport refuses one for good (its sender unreachable), counted lost.
+#[derive(Default)]
+struct OwedNotices {
+    queue: VecDeque<Outgoing>,
+}
+
+impl OwedNotices {
+    /// Sends `o` through `send` unless older notices wait; how many were lost (0 or 1).
+    fn send(
+        &mut self,
+        o: Outgoing,
+        send: &mut impl FnMut(&Outgoing) -> Result<(), SendError>,
+    ) -> u64 {
+        if self.queue.is_empty() {
+            match send(&o) {
+                Ok(()) => return 0,
+                Err(SendError::WouldBlock) => {}
+                Err(_) => return 1,
+            }
+        }
+        if self.queue.len() >= MAX_OWED_NOTICES {
+            return 1;
+        }
+        self.queue.push_back(o);
+        0
+    }
+
+    /// Sends the waiting notices, oldest first, while the transport takes them; (sent,
+    /// lost).
+    fn flush(&mut self, send: &mut impl FnMut(&Outgoing) -> Result<(), SendError>) -> (usize, u64) {
+        let (mut sent, mut lost) = (0, 0);
+        while let Some(o) = self.queue.front() {
+            match send(o) {
+                Ok(()) => sent += 1,
+                Err(SendError::WouldBlock) => break,
+                Err(_) => lost += 1,
+            }
+            self.queue.pop_front();
+        }
+        (sent, lost)
+    }
 }
 
 /// A message ready for the engine.
@@ -75,6 +124,8 @@ pub(super) struct App {
     pub(super) rm_assembling: Option<super::rmem_ops::Gathering>,
     /// A complete message the engine could not take yet.
     blocked: Option<Outgoing>,
+    /// Notices it owes senders, waiting for room in the transport.
+    owed: OwedNotices,
     /// Events waiting for room in the channel (message segments one by one).
     backlog: VecDeque<(Cqe, Vec<u8>)>,
     backlog_bytes: usize,
@@ -200,6 +251,7 @@ impl AppsHost {
                 assembling: None,
                 rm_assembling: None,
                 blocked: None,
+                owed: OwedNotices::default(),
                 backlog: VecDeque::new(),
                 backlog_bytes: 0,
                 dropped_unreported: 0,
@@ -676,9 +728,30 @@ impl AppsHost {
             data: self.buf.clone(),
             opts,
         };
-        // A notice that cannot go now is lost like a message to a full queue; its sender's
-        // message was reliable, so it was not silently dropped: it was refused here.
-        let _ = self.send(i, now, node, notice);
+        let a = &mut self.apps[i];
+        let lost = a.owed.send(notice, &mut |o| {
+            node.send_framing(now, o.target, o.service, &o.data, o.opts)
+        });
+        a.info
+            .counters
+            .notices_lost
+            .fetch_add(lost, Ordering::Relaxed);
+    }
+
+    /// Sends the notices application `i` owes, as far as the transport takes them.
+    fn flush_owed(&mut self, i: usize, now: Time, node: &mut dyn Engine) -> usize {
+        let a = &mut self.apps[i];
+        if a.owed.queue.is_empty() {
+            return 0;
+        }
+        let (sent, lost) = a
+            .owed
+            .flush(&mut |o| node.send_framing(now, o.target, o.service, &o.data, o.opts));
+        a.info
+            .counters
+            .notices_lost
+            .fetch_add(lost, Ordering::Relaxed);
+        sent
     }
 
     /// An event for every application.
@@ -839,6 +912,7 @@ impl Service for AppsHost {
         let mut n = self.adopt();
         self.reap();
         for i in 0..self.apps.len() {
+            n += self.flush_owed(i, now, node);
             n += self.submissions(i, now, node);
         }
         n += self.rm_events();
@@ -874,7 +948,7 @@ impl Service for AppsHost {
         for a in &self.apps {
             let r = a.region;
             let tail = r.u32(off::SQ_TAIL).load(Ordering::SeqCst);
-            idle &= tail == a.sq_head && a.blocked.is_none();
+            idle &= tail == a.sq_head && a.blocked.is_none() && a.owed.queue.is_empty();
             // Waiting events and room for them: flush before sleeping.
             if !a.backlog.is_empty() {
                 let head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
@@ -890,5 +964,65 @@ impl Service for AppsHost {
                 .u32(off::TORUSD_WAITING)
                 .store(0, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notice(k: u8) -> Outgoing {
+        Outgoing {
+            target: Target::Server(Coord::new(1, 0, 0)),
+            service: 7,
+            data: vec![k],
+            opts: MsgOptions::default(),
+        }
+    }
+
+    #[test]
+    fn a_notice_the_transport_cannot_take_is_kept_then_sent_in_order() {
+        let mut owed = OwedNotices::default();
+        let room = std::cell::Cell::new(false);
+        let sent = std::cell::RefCell::new(Vec::new());
+        let mut send = |o: &Outgoing| {
+            if room.get() {
+                sent.borrow_mut().push(o.data[0]);
+                Ok(())
+            } else {
+                Err(SendError::WouldBlock)
+            }
+        };
+        // Full transport: every notice is kept, up to the limit; past it, counted lost.
+        let mut lost = 0;
+        for k in 0..MAX_OWED_NOTICES + 3 {
+            lost += owed.send(notice(k as u8), &mut send);
+        }
+        assert_eq!(lost, 3);
+        assert_eq!(owed.queue.len(), MAX_OWED_NOTICES);
+        assert_eq!(owed.flush(&mut send), (0, 0));
+        room.set(true);
+        assert_eq!(owed.flush(&mut send), (MAX_OWED_NOTICES, 0));
+        assert!(owed.queue.is_empty());
+        let got = sent.borrow().clone();
+        let want: Vec<u8> = (0..MAX_OWED_NOTICES).map(|k| k as u8).collect();
+        assert_eq!(got, want, "in the order they were owed");
+        // A notice owed while an older one waits does not overtake it.
+        sent.borrow_mut().clear();
+        room.set(false);
+        assert_eq!(owed.send(notice(1), &mut send), 0);
+        room.set(true);
+        assert_eq!(owed.send(notice(2), &mut send), 0);
+        assert!(sent.borrow().is_empty());
+        assert_eq!(owed.flush(&mut send), (2, 0));
+        assert_eq!(*sent.borrow(), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_notice_refused_for_good_is_counted_lost() {
+        let mut owed = OwedNotices::default();
+        let mut gone = |_: &Outgoing| Err(SendError::Unreachable);
+        assert_eq!(owed.send(notice(1), &mut gone), 1);
+        assert!(owed.queue.is_empty());
     }
 }

@@ -65,6 +65,9 @@ pub struct AppCounters {
     pub bad: AtomicU64,
     /// Return buffers filled.
     pub buffers_filled: AtomicU64,
+    /// "Return buffer missing" notices owed to senders that could not be sent: more were
+    /// waiting for room in the transport than it keeps, or the sender could not be reached.
+    pub notices_lost: AtomicU64,
 }
 
 /// One attached application, as both the listener and the host see it.
@@ -153,6 +156,8 @@ pub struct AppStatus {
     pub bad: u64,
     /// Return buffers filled.
     pub buffers_filled: u64,
+    /// "Return buffer missing" notices it owed senders and could not send.
+    pub notices_lost: u64,
 }
 
 impl AppsRegistry {
@@ -177,6 +182,7 @@ impl AppsRegistry {
                 full_marks: g(&a.counters.full_marks),
                 bad: g(&a.counters.bad),
                 buffers_filled: g(&a.counters.buffers_filled),
+                notices_lost: g(&a.counters.notices_lost),
             })
             .collect()
     }
