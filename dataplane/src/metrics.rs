@@ -111,6 +111,7 @@ pub fn render(status: &Value) -> String {
         "no_service",
         "handoffs",
         "handoff_dropped",
+        "commands_dropped",
     ] {
         if let Some(v) = engine[k].as_f64() {
             e.add(

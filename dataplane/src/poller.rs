@@ -223,8 +223,11 @@ impl Engine for Routed<'_> {
         }
     }
     fn notify_acks(&mut self, service: u16, on: bool) {
-        // Reports come from every poller's engine.
-        let _ = self.shared.push(Command::NotifyAcks(service, on));
+        // Reports come from every poller's engine. Nothing waits for an answer here (the
+        // service asked from inside a poller): a full queue is counted.
+        if self.shared.push(Command::NotifyAcks(service, on)).is_err() {
+            self.shared.commands_dropped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -1505,6 +1508,8 @@ impl Poller {
             no_service: self.no_service,
             handoffs: self.handoffs.passed,
             handoff_dropped: self.handoffs.dropped,
+            // The process's, not a poller's: filled in by the status.
+            commands_dropped: 0,
             pollers: 1,
             rtt: self
                 .node

@@ -109,6 +109,18 @@ pub enum Handoff {
     Send(Dir, Vec<u8>),
 }
 
+impl Command {
+    /// Copies, as many as taken, of a command every poller runs (a view: each acknowledges
+    /// on the same channel; acknowledgement reports on or off); none of other commands.
+    fn fan_out(&self) -> impl Iterator<Item = Command> + '_ {
+        std::iter::from_fn(move || match self {
+            Command::SetView(v, macs, ack) => Some(Command::SetView(v.clone(), *macs, ack.clone())),
+            Command::NotifyAcks(id, on) => Some(Command::NotifyAcks(*id, *on)),
+            _ => None,
+        })
+    }
+}
+
 /// Frames one poller passed to others, and those it dropped because the other's hand-off
 /// queue was full.
 #[derive(Debug, Clone, Copy, Default)]
@@ -286,6 +298,8 @@ pub struct EngineSnapshot {
     /// Frames a poller could not pass to another (its queue full) or pass on after taking
     /// them over; reliable senders resend them.
     pub handoff_dropped: u64,
+    /// Commands dropped because a poller's queue was full and nobody waited for them.
+    pub commands_dropped: u64,
     /// Pollers running.
     pub pollers: usize,
     /// The transport's smoothed RTT per peer (the first 1024 measured).
@@ -490,6 +504,10 @@ pub struct Shared {
     pub rmem: std::sync::OnceLock<Arc<crate::rmem::Rmem>>,
     /// The memcached gateway: its address and counters.
     pub kv_gateway: Mutex<Option<(std::net::SocketAddr, Arc<crate::kvgw::GatewayCounters>)>>,
+    /// Commands dropped because a poller's command queue was full and nobody waited for
+    /// the answer (a name's unregistration after its application left, a fan-out that lost
+    /// a race for the last places).
+    pub(crate) commands_dropped: AtomicU64,
 }
 
 impl Shared {
@@ -501,7 +519,10 @@ impl Shared {
         self.dims.index(peer) % self.shards.len()
     }
 
-    /// Queues a command for the poller that should run it, and wakes that poller.
+    /// Queues a command for the poller that should run it, and wakes that poller; the
+    /// command back when that poller's queue is full. A command every poller must run (a
+    /// view, acknowledgement reports on or off) is queued for all of them or, when one's
+    /// queue is full, for none.
     pub(crate) fn push(&self, c: Command) -> Result<(), Command> {
         let shard = match &c {
             Command::Send {
@@ -509,19 +530,17 @@ impl Shared {
                 ..
             } => self.shard_of(*d),
             Command::SetFault { dir, .. } => self.link_shard[usize::from(dir.index())].unwrap_or(0),
-            Command::SetView(v, macs, ack) => {
-                // Every poller adopts the view; each acknowledges on the same channel.
-                for s in &self.shards[1..] {
-                    let _ = s
-                        .commands
-                        .push(Command::SetView(v.clone(), *macs, ack.clone()));
-                    s.wake();
+            Command::SetView(..) | Command::NotifyAcks(..) => {
+                // Room first: a fan-out half done would leave pollers disagreeing.
+                if self.shards.iter().any(|s| s.commands.is_full()) {
+                    return Err(c);
                 }
-                0
-            }
-            Command::NotifyAcks(id, on) => {
-                for s in &self.shards[1..] {
-                    let _ = s.commands.push(Command::NotifyAcks(*id, *on));
+                for (s, copy) in self.shards[1..].iter().zip(c.fan_out()) {
+                    // Another thread took the last places since the check: counted (the
+                    // queues hold 65536 commands, one request of each kind at a time).
+                    if s.commands.push(copy).is_err() {
+                        self.commands_dropped.fetch_add(1, Ordering::Relaxed);
+                    }
                     s.wake();
                 }
                 0
@@ -532,6 +551,13 @@ impl Shared {
         sh.commands.push(c)?;
         sh.wake();
         Ok(())
+    }
+
+    /// Queues a command nobody waits on for poller `shard`; counted when its queue is full.
+    pub(crate) fn push_or_count(&self, shard: usize, c: Command) {
+        if self.push_to(shard, c).is_err() {
+            self.commands_dropped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Queues a command for poller `shard` in particular.
@@ -999,6 +1025,7 @@ impl Dataplane {
                 .as_ref()
                 .map(|_| Arc::new(torusnet_services::kv::KvCounters::default())),
             kv_gateway: Mutex::new(None),
+            commands_dropped: AtomicU64::new(0),
             rmem: std::sync::OnceLock::new(),
             ip: cfg
                 .ip
@@ -1221,12 +1248,13 @@ impl Dataplane {
     /// A status report.
     pub fn status(&self) -> Status {
         let s = &self.shared;
-        let engine = merge(
+        let mut engine = merge(
             s.shards
                 .iter()
                 .map(|sh| sh.snapshot.lock().clone())
                 .collect(),
         );
+        engine.commands_dropped = s.commands_dropped.load(Ordering::Relaxed);
         let links = s
             .links
             .iter()
@@ -1385,6 +1413,68 @@ fn poller_of(link: usize, pollers: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process's shared state with `pollers` pollers and no links.
+    fn shared(pollers: usize) -> Shared {
+        let dims: Dims = "2x2x1".parse().expect("dims");
+        Shared {
+            name: "test".into(),
+            dims,
+            coord: Coord::new(0, 0, 0),
+            mtu: 1500,
+            polling: Polling::Adaptive,
+            incarnation: 1,
+            max_message: 1 << 20,
+            links: Vec::new(),
+            services: Mutex::new(HashMap::new()),
+            services_version: AtomicU64::new(0),
+            hosted: Arc::default(),
+            shutdown: AtomicBool::new(false),
+            apps: crate::apps::AppsRegistry::default(),
+            shards: (0..pollers)
+                .map(|_| ShardShared::new().expect("eventfd"))
+                .collect(),
+            link_shard: [None; 6],
+            started: Instant::now(),
+            kv: None,
+            ip: None,
+            rmem: std::sync::OnceLock::new(),
+            kv_gateway: Mutex::new(None),
+            commands_dropped: AtomicU64::new(0),
+        }
+    }
+
+    fn fill(q: &ArrayQueue<Command>) {
+        while q.push(Command::NotifyAcks(1, true)).is_ok() {}
+    }
+
+    #[test]
+    fn a_command_for_every_poller_goes_to_all_or_to_none() {
+        let s = shared(3);
+        fill(&s.shards[2].commands);
+        let before: Vec<usize> = s.shards.iter().map(|sh| sh.commands.len()).collect();
+        assert!(s.push(Command::NotifyAcks(7, true)).is_err());
+        let after: Vec<usize> = s.shards.iter().map(|sh| sh.commands.len()).collect();
+        assert_eq!(before, after, "no poller got it");
+        // With room everywhere, every poller gets it.
+        while s.shards[2].commands.pop().is_some() {}
+        assert!(s.push(Command::NotifyAcks(7, false)).is_ok());
+        for sh in &s.shards {
+            assert!(matches!(
+                sh.commands.pop(),
+                Some(Command::NotifyAcks(7, false))
+            ));
+        }
+        assert_eq!(s.commands_dropped.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_command_nobody_waits_for_is_counted_when_its_queue_is_full() {
+        let s = shared(1);
+        fill(&s.shards[0].commands);
+        s.push_or_count(0, Command::NotifyAcks(9, true));
+        assert_eq!(s.commands_dropped.load(Ordering::Relaxed), 1);
+    }
 
     #[test]
     fn a_full_hand_off_queue_counts_the_frame_it_turns_away() {

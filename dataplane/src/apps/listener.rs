@@ -122,8 +122,9 @@ fn serve(s: UnixStream, cfg: &AppsConfig, gid: Option<u32>, shared: &Arc<Shared>
     if let Some(first) = shared.shards.first() {
         first.wake();
     }
-    // Its name leaves the directory now rather than when the entry expires.
-    let _ = shared.push_to(
+    // Its name leaves the directory now rather than when the entry expires (which it
+    // still does if this is dropped: counted).
+    shared.push_or_count(
         0,
         Command::Request {
             service: NAMES,
@@ -241,6 +242,20 @@ fn attach(
     }
     shared.shards[0].wake();
     wait_adopted(&info, shared).map_err(fail)?;
+    // Its name in the directory before the application hears it is attached: a name others
+    // could never resolve would be a silent failure.
+    let register = Command::Request {
+        service: NAMES,
+        request: Box::new(NamesRequest::Register {
+            name: name.to_string(),
+            id: service,
+        }),
+    };
+    if shared.push_to(0, register).is_err() {
+        return Err(fail(
+            "torusd is busy (its first poller's command queue is full): try again".into(),
+        ));
+    }
     let answer = json!({
         "ok": true,
         "service": service,
@@ -254,16 +269,6 @@ fn attach(
         &[mem.as_raw_fd(), app_efd.as_raw_fd(), wake],
     )
     .map_err(|e| fail(format!("cannot pass the channel: {e}")))?;
-    let _ = shared.push_to(
-        0,
-        Command::Request {
-            service: NAMES,
-            request: Box::new(NamesRequest::Register {
-                name: name.to_string(),
-                id: service,
-            }),
-        },
-    );
     Ok(info)
 }
 
