@@ -190,6 +190,9 @@ pub struct AggStats {
     pub records_out: u64,
     /// Malformed messages dropped.
     pub malformed: u64,
+    /// Messages the transport refused for good (their server unreachable, ...): a parent
+    /// that lost a child's partial answers without it at its deadline.
+    pub send_failed: u64,
 }
 
 type CombineFn = fn(u64, u64) -> u64;
@@ -785,7 +788,7 @@ impl Service for Aggregate {
                     self.ctl.push_front((c, m));
                     break;
                 }
-                Err(_) => {}
+                Err(_) => self.stats.send_failed += 1,
             }
         }
         work

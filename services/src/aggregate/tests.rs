@@ -198,3 +198,17 @@ fn a_root_cut_off_for_a_moment_waits_for_the_others() {
     let want = oracle(dims, &INPUT, &Combiner::Sum, &all);
     assert_eq!(v["digest"], format!("{:016x}", digest(&want)), "{v}");
 }
+
+#[test]
+fn a_message_the_transport_refuses_for_good_is_counted() {
+    // A control message queued for a server that is then unreachable: refused by the
+    // transport for a reason other than a full queue, and counted.
+    let dims = Dims::new(3, 3, 1).unwrap();
+    let mut net = Net::new(dims, |_| Aggregate::default());
+    let gone = Coord::new(2, 2, 0);
+    net.kill(gone);
+    net.svc[0].ctl.push_back((gone, vec![0u8; 16]));
+    net.run(Time::from_nanos(1_000_000));
+    assert!(net.svc[0].ctl.is_empty());
+    assert_eq!(net.svc[0].stats.send_failed, 1);
+}

@@ -181,6 +181,10 @@ pub struct McastStats {
     pub resent: u64,
     /// Malformed or out-of-range messages dropped.
     pub malformed: u64,
+    /// Messages the transport refused for good (their server unreachable, ...), and chunks
+    /// not sent because their child was unreachable: a member missing chunks asks its
+    /// parents again, and the root sends `Start` again to members that did not report.
+    pub send_failed: u64,
     /// Tree rebuilds after view changes.
     pub rebuilds: u64,
     /// Transfers completed here as a member.
@@ -685,7 +689,7 @@ impl Multicast {
                     self.ctl.push_front((c, m));
                     return sent;
                 }
-                Err(_) => {}
+                Err(_) => self.stats.send_failed += 1,
             }
         }
         let mut idle_rounds = 0;
@@ -703,7 +707,11 @@ impl Multicast {
                 continue;
             };
             idle_rounds = 0;
-            if !node.is_reachable(c) || !x.have[i as usize] {
+            if !x.have[i as usize] {
+                continue;
+            }
+            if !node.is_reachable(c) {
+                self.stats.send_failed += 1;
                 continue;
             }
             let r = x.chunk_range(i);
@@ -727,7 +735,7 @@ impl Multicast {
                     x.out.push_front((c, i));
                     break;
                 }
-                Err(_) => {}
+                Err(_) => self.stats.send_failed += 1,
             }
         }
         sent

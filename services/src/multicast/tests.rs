@@ -292,3 +292,17 @@ fn hostile_messages_change_nothing() {
     assert!(s.stats.malformed > 0);
     assert!(s.xfers.values().all(|x| x.t.size <= super::MAX_SIZE));
 }
+
+#[test]
+fn a_message_the_transport_refuses_for_good_is_counted() {
+    // A control message queued for a server that is then unreachable: refused by the
+    // transport for a reason other than a full queue, and counted.
+    let dims = Dims::new(3, 3, 1).unwrap();
+    let mut net = Net::new(dims, |_| Multicast::default());
+    let gone = Coord::new(2, 2, 0);
+    net.kill(gone);
+    net.svc[0].ctl.push_back((gone, vec![0u8; 16]));
+    net.run(Time::from_nanos(1_000_000));
+    assert!(net.svc[0].ctl.is_empty());
+    assert_eq!(net.svc[0].stats.send_failed, 1);
+}
