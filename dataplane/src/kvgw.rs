@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use torusnet_services::kv::memcached::{meta_flags, value_block, Meta, Parser, Request, StoreCmd};
 use torusnet_services::kv::ops::{Mode, Op, Outcome, Ttl};
-use torusnet_services::kv::{KvCounters, KvError, KvReply, KvRequest};
+use torusnet_services::kv::{KvCounters, KvError, KvReply, KvRequest, KvStats};
 
 /// The store on this server: the service's settings, its gateway, and disk mode.
 #[derive(Debug, Clone)]
@@ -105,6 +105,64 @@ struct Ctx {
     counters: Arc<GatewayCounters>,
     stop: Arc<AtomicBool>,
     started: SystemTime,
+    /// The counts when a client last sent `stats reset` (zero before): `stats` reports the
+    /// counters since then. The counters themselves go on counting, for the metrics, whose
+    /// counters must never go backwards.
+    reset: parking_lot::Mutex<StatCounts>,
+}
+
+/// The counts `stats` reports that `stats reset` sets back to zero, with the gauges beside.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct StatCounts {
+    kv: KvStats,
+    total_connections: u64,
+    rejected: u64,
+}
+
+impl StatCounts {
+    fn now(ctx: &Ctx) -> StatCounts {
+        StatCounts {
+            kv: ctx.kv.snapshot(),
+            total_connections: ctx.counters.total_connections.load(Ordering::Relaxed),
+            rejected: ctx.counters.rejected.load(Ordering::Relaxed),
+        }
+    }
+
+    /// These counts since `base` (as memcached's `stats reset` would have left them):
+    /// counters from `base` on, gauges (items held, bytes, cached copies, the slowest
+    /// operation) as they are.
+    fn since(&self, base: &StatCounts) -> StatCounts {
+        let (k, b) = (&self.kv, &base.kv);
+        let d = |now: u64, then: u64| now.saturating_sub(then);
+        StatCounts {
+            kv: KvStats {
+                ops: d(k.ops, b.ops),
+                hits: d(k.hits, b.hits),
+                misses: d(k.misses, b.misses),
+                writes: d(k.writes, b.writes),
+                timeouts: d(k.timeouts, b.timeouts),
+                retries: d(k.retries, b.retries),
+                primary_ops: d(k.primary_ops, b.primary_ops),
+                redirects: d(k.redirects, b.redirects),
+                copies_sent: d(k.copies_sent, b.copies_sent),
+                copies_applied: d(k.copies_applied, b.copies_applied),
+                replica_failures: d(k.replica_failures, b.replica_failures),
+                fetches: d(k.fetches, b.fetches),
+                invalidations: d(k.invalidations, b.invalidations),
+                cache_hits: d(k.cache_hits, b.cache_hits),
+                cache_misses: d(k.cache_misses, b.cache_misses),
+                cache_evictions: d(k.cache_evictions, b.cache_evictions),
+                catchup_sent: d(k.catchup_sent, b.catchup_sent),
+                rereplicated: d(k.rereplicated, b.rereplicated),
+                flushes: d(k.flushes, b.flushes),
+                refused: d(k.refused, b.refused),
+                slow_ops: d(k.slow_ops, b.slow_ops),
+                ..*k
+            },
+            total_connections: d(self.total_connections, base.total_connections),
+            rejected: d(self.rejected, base.rejected),
+        }
+    }
 }
 
 /// Starts a gateway in front of the service reached through `submit`.
@@ -125,6 +183,7 @@ pub fn start(
         counters: counters.clone(),
         stop: stop.clone(),
         started: SystemTime::now(),
+        reset: parking_lot::Mutex::new(StatCounts::default()),
     });
     let thread = std::thread::Builder::new()
         .name("torusd-kvgw".into())
@@ -729,6 +788,7 @@ fn stats(ctx: &Ctx, arg: Option<&str>, out: &mut Vec<u8>) {
     match arg {
         None | Some("") => {}
         Some("reset") => {
+            *ctx.reset.lock() = StatCounts::now(ctx);
             out.extend_from_slice(b"RESET\r\n");
             return;
         }
@@ -738,7 +798,8 @@ fn stats(ctx: &Ctx, arg: Option<&str>, out: &mut Vec<u8>) {
             return;
         }
     }
-    let k = ctx.kv.snapshot();
+    let since = StatCounts::now(ctx).since(&ctx.reset.lock());
+    let k = since.kv;
     let g = &ctx.counters;
     let up = ctx.started.elapsed().map_or(0, |d| d.as_secs());
     let mut line = |name: &str, v: String| {
@@ -759,14 +820,8 @@ fn stats(ctx: &Ctx, arg: Option<&str>, out: &mut Vec<u8>) {
         "curr_connections",
         g.connections.load(Ordering::Relaxed).to_string(),
     );
-    line(
-        "total_connections",
-        g.total_connections.load(Ordering::Relaxed).to_string(),
-    );
-    line(
-        "rejected_connections",
-        g.rejected.load(Ordering::Relaxed).to_string(),
-    );
+    line("total_connections", since.total_connections.to_string());
+    line("rejected_connections", since.rejected.to_string());
     line("cmd_get", (k.hits + k.misses).to_string());
     line("cmd_set", k.writes.to_string());
     line("get_hits", k.hits.to_string());
@@ -790,6 +845,104 @@ fn stats(ctx: &Ctx, arg: Option<&str>, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Nobody;
+    impl Submit for Nobody {
+        fn submit(&self, _: KvRequest) -> Result<(), String> {
+            Err("no store in this test".into())
+        }
+    }
+
+    /// Sends `cmd` and reads the answer up to its last line (`END` or `RESET`).
+    fn ask(c: &mut TcpStream, cmd: &str) -> String {
+        c.write_all(cmd.as_bytes()).expect("write");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !(got.ends_with(b"END\r\n") || got.ends_with(b"RESET\r\n")) {
+            let n = c.read(&mut buf).expect("read");
+            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    fn stat(text: &str, name: &str) -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("STAT {name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    }
+
+    #[test]
+    fn stats_reset_sets_the_counters_back_to_zero_and_keeps_the_gauges() {
+        let cfg = GatewayConfig {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            max_connections: 8,
+            max_item: 1 << 20,
+            timeout: Duration::from_secs(1),
+        };
+        let gw = start(cfg, Arc::new(Nobody), Arc::new(KvCounters::default())).expect("start");
+        let timeout = Some(Duration::from_secs(5));
+        let connect = || {
+            let c = TcpStream::connect(gw.addr).expect("connect");
+            c.set_read_timeout(timeout).expect("timeout");
+            c
+        };
+        let extra: Vec<TcpStream> = (0..3).map(|_| connect()).collect();
+        let mut c = connect();
+        let before = ask(&mut c, "stats\r\n");
+        assert_eq!(stat(&before, "total_connections"), 4, "{before}");
+        assert_eq!(ask(&mut c, "stats reset\r\n"), "RESET\r\n");
+        let after = ask(&mut c, "stats\r\n");
+        assert_eq!(stat(&after, "total_connections"), 0, "{after}");
+        // A gauge is not a count since the reset: the four connections are still open.
+        assert_eq!(stat(&after, "curr_connections"), 4, "{after}");
+        let _late = connect();
+        // Accepted in the gateway's own time: until it counts the fifth open connection.
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        let mut later = ask(&mut c, "stats\r\n");
+        while stat(&later, "curr_connections") < 5 {
+            assert!(std::time::Instant::now() < until, "{later}");
+            std::thread::sleep(Duration::from_millis(5));
+            later = ask(&mut c, "stats\r\n");
+        }
+        assert_eq!(stat(&later, "total_connections"), 1, "{later}");
+        // The counters themselves (the metrics') never went back.
+        assert_eq!(gw.counters.total_connections.load(Ordering::Relaxed), 5);
+        drop(extra);
+        gw.stop();
+    }
+
+    #[test]
+    fn counts_since_a_reset_keep_the_gauges() {
+        let now = StatCounts {
+            kv: KvStats {
+                hits: 10,
+                misses: 4,
+                items: 7,
+                bytes: 700,
+                slowest_op_us: 90,
+                ..KvStats::default()
+            },
+            total_connections: 5,
+            rejected: 1,
+        };
+        let s = now.since(&now);
+        assert_eq!(
+            (s.kv.hits, s.kv.misses, s.total_connections, s.rejected),
+            (0, 0, 0, 0)
+        );
+        assert_eq!((s.kv.items, s.kv.bytes, s.kv.slowest_op_us), (7, 700, 90));
+        // Counters below their base (a restarted store) read as zero, not as a wrap.
+        let base = StatCounts {
+            kv: KvStats {
+                hits: 20,
+                ..KvStats::default()
+            },
+            ..StatCounts::default()
+        };
+        assert_eq!(now.since(&base).kv.hits, 0);
+    }
 
     #[test]
     fn exptimes_follow_memcached() {
