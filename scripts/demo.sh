@@ -20,7 +20,20 @@ bash scripts/netns-torus.sh start --prefix "$PREFIX"
 python3 scripts/demo.py "$PREFIX"
 echo
 echo "== tearing down"
+# The processes of this run: whatever runs in the torus's namespaces (daemons, applications,
+# iperf3) and anything naming its state directory, taken before the namespaces go.
+ran=$( { for ns in $(ip netns list | awk -v p="^$PREFIX-" '$1 ~ p { print $1 }'); do
+           ip netns pids "$ns"; done; pgrep -f "/run/torusnet/$PREFIX/"; } 2>/dev/null | sort -un)
 cleanup
 trap - EXIT
 left=$(ip netns list | grep -c "^$PREFIX-" || true)
-echo "done: $left namespaces left, no torusnet processes running"
+alive=()
+for pid in $ran; do
+  state=$(sed -n 's/.*) \(.\).*/\1/p' "/proc/$pid/stat" 2>/dev/null || true)
+  if [ -n "$state" ] && [ "$state" != Z ]; then alive+=("$pid"); fi
+done
+echo "done: $left namespaces left; of the $(echo "$ran" | grep -c .) processes that ran in the torus, ${#alive[@]} still running"
+if [ "$left" -ne 0 ] || [ ${#alive[@]} -ne 0 ]; then
+  for pid in "${alive[@]}"; do ps -o pid=,args= -p "$pid" >&2 || true; done
+  exit 1
+fi
