@@ -805,3 +805,26 @@ impl ControlNode {
         self.events.pop_front()
     }
 }
+
+/// The fuzz body of the control plane's decoder (`fuzz/`'s `control`, and a short run in
+/// the tests): a frame of any bytes arriving on any link of an origin server is taken or
+/// dropped without a panic, and the server then runs its timers and sends as usual.
+pub fn check_untrusted(data: &[u8]) {
+    let dims = Dims::new(3, 3, 3).expect("3x3x3");
+    let mut cfg = ControlConfig::new(1, dims, DirSet::ALL);
+    cfg.origin = true;
+    let mut n = ControlNode::new(cfg);
+    let dir = Dir::ALL[usize::from(data.first().copied().unwrap_or(0)) % 6];
+    n.handle_frame(Time::from_nanos(1_000_000), dir, data);
+    n.handle_timeout(Time::from_nanos(200_000_000));
+    for _ in 0..10_000 {
+        if n.poll_transmit().is_none() {
+            break;
+        }
+    }
+    for _ in 0..10_000 {
+        if n.poll_event().is_none() {
+            break;
+        }
+    }
+}

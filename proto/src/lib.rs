@@ -6,6 +6,7 @@
 
 mod byte_run;
 pub mod control;
+pub mod fuzz;
 pub mod harness;
 pub mod keyspace;
 pub mod node;

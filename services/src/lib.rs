@@ -17,5 +17,6 @@ pub mod builtin;
 pub mod kv;
 pub mod multicast;
 pub mod names;
-#[cfg(test)]
-mod testnet;
+/// The services' test network, public because fuzz bodies (`names::check_untrusted`) run a
+/// service on it too.
+pub mod testnet;

@@ -109,6 +109,20 @@ impl Probe {
     }
 }
 
+/// The fuzz body of the probe decoder (`fuzz/`'s `probe`, and a short run in the tests): any
+/// payload parses or not without a panic, a probe that parses emits back to the same, and
+/// lowering its bandwidth figure keeps it parseable.
+pub fn check_untrusted(data: &[u8]) {
+    if let Some(p) = Probe::parse(data) {
+        let mut b = [0u8; PROBE_LEN];
+        p.emit(&mut b).expect("a probe fits PROBE_LEN");
+        assert_eq!(Probe::parse(&b), Some(p), "re-emitted probe differs");
+        let mut c = data.to_vec();
+        Probe::lower(&mut c, 1);
+        assert!(Probe::parse(&c).is_some(), "lowered probe no longer parses");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

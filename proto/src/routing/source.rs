@@ -172,6 +172,38 @@ pub fn strip(frame: &mut [u8]) -> usize {
     n
 }
 
+/// The fuzz body of source routes as forwarders read them (`fuzz/`'s `source_route`, and a
+/// short run in the tests): a frame of any bytes is followed hop by hop until its route
+/// ends or is refused, never more hops than a route holds; one that arrives has its route
+/// taken out and is an ordinary frame with the same payload.
+pub fn check_untrusted(data: &[u8]) {
+    let mut f = data.to_vec();
+    let len = f.len();
+    let mut hops = 0;
+    let mut first = None;
+    loop {
+        match step(&mut f, len) {
+            Ok(Step::Arrived) => break,
+            Ok(Step::Next { index, .. }) => {
+                let first = *first.get_or_insert(index);
+                assert_eq!(index, first + hops, "hops out of order");
+                hops += 1;
+                assert!(hops <= MAX_ROUTE_HOPS, "a route that never ends");
+            }
+            Err(_) => return,
+        }
+    }
+    let Ok(payload) = FrameView::new_checked(&f).map(|v| v.payload().to_vec()) else {
+        return;
+    };
+    let n = strip(&mut f);
+    if n > 0 {
+        let v = FrameView::new_checked(&f[n..]).expect("a stripped frame parses");
+        assert_eq!(v.route_len(), 0);
+        assert_eq!(v.payload(), &payload[..], "stripping changed the payload");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

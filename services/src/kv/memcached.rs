@@ -575,9 +575,59 @@ pub fn meta_flags(meta: &Meta, key: &[u8], flags: u32, size: usize, cas: u64, tt
     s
 }
 
+/// The fuzz body of the gateway's parser (`fuzz/`'s `memcached`, and a short run in the
+/// tests): the bytes of one client connection, fed whole and in pieces of 1 to 8 bytes (the
+/// first byte picks), parse without a panic, every request consumes input, and the bytes
+/// held waiting for the rest of a request stay bounded by a line and a value.
+pub fn check_untrusted(data: &[u8]) {
+    const MAX_ITEM: usize = 1024;
+    let piece = 1 + data.first().map_or(0, |b| usize::from(*b) % 8);
+    for chunk in [data.len().max(1), piece] {
+        let mut p = Parser::new(MAX_ITEM);
+        let mut requests = 0usize;
+        for c in data.chunks(chunk) {
+            p.feed(c);
+            while let Some(r) = p.next_request() {
+                requests += 1;
+                assert!(
+                    requests <= data.len() + 1,
+                    "a request that consumed nothing"
+                );
+                if let Request::Store { data: v, .. } = &r {
+                    assert!(v.len() <= MAX_ITEM, "a value over the limit accepted");
+                }
+            }
+            assert!(
+                p.pending() <= MAX_LINE + MAX_ITEM + 2 + chunk,
+                "{} bytes held",
+                p.pending()
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_fuzz_run() {
+        let seeds: Vec<Vec<u8>> = [
+            &b"set k 5 0 3\r\nabc\r\nget a b\r\ngets a\r\n"[..],
+            b"cas k 0 0 1 99 noreply\r\nx\r\nappend k 0 0 2\r\nyz\r\n",
+            b"incr n 5\r\ndecr n 2 noreply\r\ntouch k 10\r\ndelete k\r\n",
+            b"mg k v f t c s k O123 q\r\nms k 3 T10 F5 I\r\nabc\r\n",
+            b"md k q\r\nma n N0 J13 MI D4\r\nmn\r\nme k\r\n",
+            b"stats\r\nstats reset\r\nversion\r\nverbosity 1\r\nflush_all 10\r\nquit\r\n",
+            b"get \r\nset k 0 0 99999999\r\nbogus\r\n\r\n",
+        ]
+        .iter()
+        .map(|b| b.to_vec())
+        .collect();
+        let ws = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        torusnet_proto::fuzz::write_seeds(&ws, "memcached", &seeds);
+        torusnet_proto::fuzz::run(&seeds, 100_000, 24, check_untrusted);
+    }
 
     fn parse_all(input: &[u8]) -> Vec<Request> {
         let mut p = Parser::new(1 << 20);

@@ -1,0 +1,6 @@
+//! Fuzzes multicast's messages between servers.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    torusnet_services::multicast::wire::check_untrusted(data);
+});
