@@ -802,12 +802,9 @@ fn snapshot(
 }
 
 fn bind_status(path: &Path) -> Result<UnixListener, String> {
-    if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
-    }
-    let _ = std::fs::remove_file(path);
-    let l =
-        UnixListener::bind(path).map_err(|e| format!("status socket {}: {e}", path.display()))?;
+    // The control process's own user alone: it answers with the view torusd adopts.
+    let l = torusnet_ops::socket::bind_private(path)
+        .map_err(|e| format!("status socket {}: {e}", path.display()))?;
     l.set_nonblocking(true).map_err(|e| e.to_string())?;
     Ok(l)
 }

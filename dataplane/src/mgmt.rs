@@ -137,13 +137,10 @@ pub struct Mgmt {
 }
 
 impl Mgmt {
-    /// Binds the socket at `path` (replacing a stale one; creating its directory).
+    /// Binds the socket at `path` (replacing a stale one; creating its directory), for
+    /// torusd's user alone: its commands change the dataplane.
     pub fn bind(path: &Path) -> std::io::Result<Mgmt> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let _ = std::fs::remove_file(path);
-        let listener = UnixListener::bind(path)?;
+        let listener = torusnet_ops::socket::bind_private(path)?;
         listener.set_nonblocking(true)?;
         Ok(Mgmt {
             path: path.to_path_buf(),
@@ -655,17 +652,32 @@ fn load(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     Ok(wait(rx, limit))
 }
 
-/// A view published by the control process: the first one starts a dataplane that waited
-/// for its coordinate; later ones are adopted by every poller before the answer goes back.
-fn apply_view(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
-    let t0 = Instant::now();
+/// A view request as the control process sends it, read and checked.
+#[derive(Debug)]
+struct ViewUpdate {
+    dims: Dims,
+    /// Where the control process places this server.
+    me: Coord,
+    view: LinkView,
+    /// The neighbours' MAC addresses by direction, those given.
+    macs: [Option<[u8; 6]>; 6],
+    /// What changed, for the log.
+    summary: String,
+}
+
+/// Reads a view request (`{"cmd":"view","dims":..,"coord":..,"down_servers":[..],
+/// "down_links":[..],"joining":[..],"neighbors":{..}}`): every field checked against the
+/// torus it names.
+fn parse_view(req: &Value) -> Result<ViewUpdate, String> {
     let dims: Dims = req
         .get("dims")
         .and_then(Value::as_str)
         .ok_or("missing \"dims\"")?
         .parse()
         .map_err(|e| format!("dims: {e}"))?;
-    let me = coord(req, "coord")?;
+    let me = dims
+        .check(coord(req, "coord")?)
+        .map_err(|e| format!("coord: {e}"))?;
     let mut view = LinkView::all_up(dims).map_err(|e| e.to_string())?;
     for s in req
         .get("down_servers")
@@ -717,17 +729,6 @@ fn apply_view(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
         req.get("down_links").unwrap_or(&Value::Null),
         req.get("joining").unwrap_or(&Value::Null)
     );
-    let changed = {
-        let mut last = d.last_view.lock();
-        let changed = *last != summary;
-        *last = summary.clone();
-        changed
-    };
-    if changed {
-        tracing::info!(coord = %me, "view adopted: {summary}");
-    } else {
-        tracing::debug!(coord = %me, "view re-published unchanged");
-    }
     let mut macs = [None; 6];
     if let Some(n) = req.get("neighbors").and_then(Value::as_object) {
         for (k, v) in n {
@@ -738,6 +739,55 @@ fn apply_view(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
                 .ok_or_else(|| format!("neighbors: bad MAC for {k}"))?;
             macs[usize::from(dir.index())] = Some(m);
         }
+    }
+    Ok(ViewUpdate {
+        dims,
+        me,
+        view,
+        macs,
+        summary,
+    })
+}
+
+/// The fuzz body of the management socket's requests (`fuzz/`'s `mgmt`, and a short run in
+/// the tests): lines of any bytes parse as JSON or not without a panic, and a view request,
+/// the largest request torusd reads (the control process sends it), is refused or yields
+/// a view of the torus it names, with this server in it.
+pub fn check_untrusted(data: &[u8]) {
+    for line in data.split(|b| *b == b'\n') {
+        let Ok(req) = serde_json::from_slice::<Value>(line) else {
+            continue;
+        };
+        let _ = coord(&req, "to");
+        let _ = timeout(&req, Duration::from_secs(1));
+        if let Ok(v) = parse_view(&req) {
+            assert_eq!(v.view.dims(), v.dims);
+            assert!(v.dims.contains(v.me), "{} outside {}", v.me, v.dims);
+        }
+    }
+}
+
+/// A view published by the control process: the first one starts a dataplane that waited
+/// for its coordinate; later ones are adopted by every poller before the answer goes back.
+fn apply_view(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    let t0 = Instant::now();
+    let ViewUpdate {
+        dims,
+        me,
+        view,
+        macs,
+        summary,
+    } = parse_view(req)?;
+    let changed = {
+        let mut last = d.last_view.lock();
+        let changed = *last != summary;
+        *last = summary.clone();
+        changed
+    };
+    if changed {
+        tracing::info!(coord = %me, "view adopted: {summary}");
+    } else {
+        tracing::debug!(coord = %me, "view re-published unchanged");
     }
     {
         let mut cfg = d.cfg.lock();
@@ -783,4 +833,54 @@ fn apply_view(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             .map_err(|_| "the pollers did not adopt the view in time".to_string())?;
     }
     Ok(json!({"ok": true, "applied_us": t0.elapsed().as_micros() as u64}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_request_is_read_whole_or_refused() {
+        let good = json!({
+            "cmd": "view", "dims": "3x3x3", "coord": "1,2,0",
+            "down_servers": ["2,2,2"], "down_links": ["0,0,0:+x"], "joining": ["1,1,1"],
+            "neighbors": {"+x": "02:00:00:00:00:01", "-y": "02:00:00:00:00:02"},
+        });
+        let v = parse_view(&good).expect("a good view");
+        assert_eq!(
+            (v.dims, v.me),
+            ("3x3x3".parse().unwrap(), Coord::new(1, 2, 0))
+        );
+        assert!(!v.view.is_up(Coord::new(2, 2, 2)));
+        assert_eq!(v.macs.iter().filter(|m| m.is_some()).count(), 2);
+        for (field, bad) in [
+            ("coord", json!("3,0,0")),
+            ("dims", json!("0x3x3")),
+            ("down_servers", json!(["9,9,9"])),
+            ("down_links", json!(["0,0,0:+w"])),
+            ("joining", json!([7])),
+            ("neighbors", json!({"+x": "02:00"})),
+        ] {
+            let mut r = good.clone();
+            r[field] = bad;
+            assert!(parse_view(&r).is_err(), "{field}: {r}");
+        }
+    }
+
+    #[test]
+    fn a_short_fuzz_run() {
+        let seeds: Vec<Vec<u8>> = [
+            r#"{"cmd":"view","dims":"3x3x3","coord":"1,2,0","down_servers":["2,2,2"],"down_links":["0,0,0:+x"],"joining":["1,1,1"],"neighbors":{"+x":"02:00:00:00:00:01"}}"#,
+            r#"{"cmd":"view","dims":"16x16x16","coord":"15,15,15","down_links":["15,15,15:-z","0,0,0:+y"]}"#,
+            r#"{"cmd":"bench","to":"1,0,0","bytes":1000000,"timeout_ms":5000}"#,
+            r#"{"cmd":"ping","to":"2,2,2","count":10,"reliable":true}"#,
+            "{\"cmd\":\"status\"}\n{\"cmd\":\"log\",\"level\":\"debug\"}",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+        let ws = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        torusnet_proto::fuzz::write_seeds(&ws, "mgmt", &seeds);
+        torusnet_proto::fuzz::run(&seeds, 100_000, 28, check_untrusted);
+    }
 }

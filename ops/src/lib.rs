@@ -1,7 +1,9 @@
 //! What operators plug torusnet's daemons into: [`logging`] (tracing with levels, filters,
-//! structured fields, rate limits, journald-friendly output) and [`metrics`] (Prometheus
-//! text exposition over a small HTTP endpoint), and [`process`] (a process's CPU time).
+//! structured fields, rate limits, journald-friendly output), [`metrics`] (Prometheus
+//! text exposition over a small HTTP endpoint), [`process`] (a process's CPU time) and
+//! [`socket`] (management sockets only their owner may use).
 
 pub mod logging;
 pub mod metrics;
 pub mod process;
+pub mod socket;

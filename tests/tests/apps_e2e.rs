@@ -583,6 +583,28 @@ fn applications_in_three_languages_across_the_torus() {
         "{err}"
     );
 
+    // The management sockets are root's (torusd's user's) alone: the same user may not
+    // read torusd's status, let alone change its dataplane, nor the control process's.
+    let torusctl = root().join("target/release/torusctl");
+    for (flag, sock) in [
+        ("--socket", t.sock(here, false)),
+        ("--control", t.sock(here, true)),
+    ] {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&torusctl)
+            .args(["status", "--json", flag])
+            .arg(&sock)
+            .output()
+            .expect("run setpriv");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.to_lowercase().contains("permission denied"),
+            "{}: {err}",
+            sock.display()
+        );
+    }
+
     // A hostile application: attaches by hand and writes nonsense into its ring indices.
     let sock = std::os::unix::net::UnixStream::connect(&s_here).expect("connect");
     {
