@@ -553,6 +553,36 @@ impl Shared {
         Ok(())
     }
 
+    /// The state of a process with `pollers` pollers and no links, dataplane or services:
+    /// what tests and fuzz bodies run a part of torusd against.
+    pub(crate) fn detached(dims: Dims, coord: Coord, pollers: usize) -> std::io::Result<Shared> {
+        Ok(Shared {
+            name: "detached".into(),
+            dims,
+            coord,
+            mtu: 1500,
+            polling: Polling::Adaptive,
+            incarnation: 1,
+            max_message: 1 << 20,
+            links: Vec::new(),
+            services: Mutex::new(HashMap::new()),
+            services_version: AtomicU64::new(0),
+            hosted: Arc::default(),
+            shutdown: AtomicBool::new(false),
+            apps: crate::apps::AppsRegistry::default(),
+            shards: (0..pollers)
+                .map(|_| ShardShared::new())
+                .collect::<std::io::Result<_>>()?,
+            link_shard: [None; 6],
+            started: Instant::now(),
+            kv: None,
+            ip: None,
+            rmem: std::sync::OnceLock::new(),
+            kv_gateway: Mutex::new(None),
+            commands_dropped: AtomicU64::new(0),
+        })
+    }
+
     /// Queues a command nobody waits on for poller `shard`; counted when its queue is full.
     pub(crate) fn push_or_count(&self, shard: usize, c: Command) {
         if self.push_to(shard, c).is_err() {
@@ -1414,34 +1444,9 @@ fn poller_of(link: usize, pollers: usize) -> usize {
 mod tests {
     use super::*;
 
-    /// A process's shared state with `pollers` pollers and no links.
     fn shared(pollers: usize) -> Shared {
-        let dims: Dims = "2x2x1".parse().expect("dims");
-        Shared {
-            name: "test".into(),
-            dims,
-            coord: Coord::new(0, 0, 0),
-            mtu: 1500,
-            polling: Polling::Adaptive,
-            incarnation: 1,
-            max_message: 1 << 20,
-            links: Vec::new(),
-            services: Mutex::new(HashMap::new()),
-            services_version: AtomicU64::new(0),
-            hosted: Arc::default(),
-            shutdown: AtomicBool::new(false),
-            apps: crate::apps::AppsRegistry::default(),
-            shards: (0..pollers)
-                .map(|_| ShardShared::new().expect("eventfd"))
-                .collect(),
-            link_shard: [None; 6],
-            started: Instant::now(),
-            kv: None,
-            ip: None,
-            rmem: std::sync::OnceLock::new(),
-            kv_gateway: Mutex::new(None),
-            commands_dropped: AtomicU64::new(0),
-        }
+        Shared::detached("2x2x1".parse().expect("dims"), Coord::new(0, 0, 0), pollers)
+            .expect("eventfd")
     }
 
     fn fill(q: &ArrayQueue<Command>) {

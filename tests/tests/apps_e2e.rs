@@ -4,7 +4,8 @@
 //! a long message lands in a posted return buffer (and a spent or forged descriptor is
 //! refused, its sender told); a service is found by name after its process restarted on
 //! another server; an application killed mid-transfer leaves torusd and the others serving;
-//! sixteen applications attached at once; a killed application re-attaches under its name;
+//! sixteen applications attached at once, then a flood of attaches refused beyond the most
+//! torusd takes; a killed application re-attaches under its name;
 //! a user outside the allowed group is refused; a hostile application that corrupts its
 //! channel is cut off while everyone else goes on. Needs root, gcc and python3.
 
@@ -411,6 +412,35 @@ fn applications_in_three_languages_across_the_torus() {
         };
         assert_eq!(got, b"sixteen");
     }
+
+    // A flood of attaches: accepted up to [apps] max (64), refused beyond with one clear
+    // line, and those attached go on working.
+    let mut flood = Vec::new();
+    let refusal = loop {
+        match Client::attach(&s_here, &format!("flood-{}", flood.len())) {
+            Ok(c) => flood.push(c),
+            Err(e) => break e.to_string(),
+        }
+        assert!(flood.len() <= 64, "more than [apps] max attached");
+    };
+    assert!(refusal.contains("the most this torusd takes"), "{refusal}");
+    assert_eq!(apps_at(&t, here).len(), 64, "{refusal}");
+    many[0]
+        .send(
+            Dest::Service(echo_rs),
+            b"after the flood",
+            SendOptions::reliable(),
+        )
+        .unwrap();
+    let got = loop {
+        match many[0].recv(Wait::Timeout(Duration::from_secs(5))).unwrap() {
+            Some(Event::Message { data, .. }) => break data,
+            Some(_) => continue,
+            None => panic!("no echo after the flood"),
+        }
+    };
+    assert_eq!(got, b"after the flood");
+    drop(flood);
     drop(many);
 
     // A reliable message for an application that is no longer attached: refused at its
