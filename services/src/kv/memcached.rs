@@ -189,6 +189,15 @@ pub enum Request {
 #[derive(Debug)]
 pub struct Parser {
     buf: Vec<u8>,
+    /// Bytes at the front of `buf` already parsed (dropped at the next feed: dropping them
+    /// per request would move the rest of a pipelined batch every time).
+    start: usize,
+    /// Bytes after `start` known to hold no line end: a line arriving a byte at a time is
+    /// searched once, not once per byte (which a slow client could make quadratic).
+    scanned: usize,
+    /// Bytes the request at the front needs before it is worth parsing again (a storage
+    /// command waiting for its data block: not re-read for every byte of it that comes).
+    need: usize,
     /// Bytes of a refused data block still to skip.
     skip: usize,
     max_item: usize,
@@ -224,6 +233,9 @@ impl Parser {
     pub fn new(max_item: usize) -> Parser {
         Parser {
             buf: Vec::new(),
+            start: 0,
+            scanned: 0,
+            need: 0,
             skip: 0,
             max_item,
         }
@@ -231,6 +243,10 @@ impl Parser {
 
     /// Adds bytes read from the client.
     pub fn feed(&mut self, bytes: &[u8]) {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
         let n = self.skip.min(bytes.len());
         self.skip -= n;
         self.buf.extend_from_slice(&bytes[n..]);
@@ -238,30 +254,49 @@ impl Parser {
 
     /// Bytes waiting for more input.
     pub fn pending(&self) -> usize {
-        self.buf.len()
+        self.data().len()
+    }
+
+    /// The bytes not parsed yet.
+    fn data(&self) -> &[u8] {
+        &self.buf[self.start..]
     }
 
     /// The next complete request, if one is in.
     pub fn next_request(&mut self) -> Option<Request> {
+        if self.data().len() < self.need {
+            return None;
+        }
         // As memcached: a line ends at \n, a \r before it is dropped.
-        let Some(nl) = self.buf.iter().position(|b| *b == b'\n') else {
-            if self.buf.len() > MAX_LINE {
+        let from = self.scanned;
+        let Some(at) = self.data()[from..].iter().position(|b| *b == b'\n') else {
+            self.scanned = self.data().len();
+            if self.scanned > MAX_LINE {
                 self.buf.clear();
+                self.start = 0;
+                self.scanned = 0;
+                self.need = 0;
                 return Some(client_error("line too long"));
             }
             return None;
         };
-        let end = if nl > 0 && self.buf[nl - 1] == b'\r' {
+        let nl = from + at;
+        // Found again at once if the request must wait for its data block.
+        self.scanned = nl;
+        let d = self.data();
+        let end = if nl > 0 && d[nl - 1] == b'\r' {
             nl - 1
         } else {
             nl
         };
-        let line = latin1(&self.buf[..end]);
+        let line = latin1(&d[..end]);
         self.line(line, nl + 1)
     }
 
     fn consume(&mut self, n: usize) {
-        self.buf.drain(..n.min(self.buf.len()));
+        self.start += n.min(self.data().len());
+        self.scanned = 0;
+        self.need = 0;
     }
 
     /// Handles a command line of `used` bytes (terminator included).
@@ -433,11 +468,13 @@ impl Parser {
                 "SERVER_ERROR object too large for cache\r\n".into(),
             ));
         }
-        if self.buf.len() < used + n + 2 {
+        let d = self.data();
+        if d.len() < used + n + 2 {
+            self.need = used + n + 2;
             return None;
         }
-        let data = self.buf[used..used + n].to_vec();
-        let ok = &self.buf[used + n..used + n + 2] == b"\r\n";
+        let data = d[used..used + n].to_vec();
+        let ok = &d[used + n..used + n + 2] == b"\r\n";
         self.consume(used + n + 2);
         if !ok {
             return Some(client_error("bad data chunk"));
@@ -455,7 +492,7 @@ impl Parser {
 
     /// Drops the next `n` bytes, those buffered now and those still to come.
     fn swallow(&mut self, n: usize) {
-        let have = self.buf.len().min(n);
+        let have = self.data().len().min(n);
         self.consume(have);
         self.skip = n - have;
     }
@@ -482,11 +519,13 @@ impl Parser {
                 "SERVER_ERROR object too large for cache\r\n".into(),
             ));
         }
-        if self.buf.len() < used + n + 2 {
+        let d = self.data();
+        if d.len() < used + n + 2 {
+            self.need = used + n + 2;
             return None;
         }
-        let data = self.buf[used..used + n].to_vec();
-        let ok = &self.buf[used + n..used + n + 2] == b"\r\n";
+        let data = d[used..used + n].to_vec();
+        let ok = &d[used + n..used + n + 2] == b"\r\n";
         self.consume(used + n + 2);
         if !ok {
             return Some(client_error("bad data chunk"));
