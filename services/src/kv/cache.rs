@@ -58,6 +58,10 @@ struct Fill {
     waiters: Vec<(Coord, u64)>,
     deadline: Time,
     retry_at: Option<Time>,
+    /// The newest version an invalidation named while the fill was in flight (0: none).
+    /// The primary's answer and its invalidation can overtake each other on the way (the
+    /// transport orders only fenced messages): an answer older than this is stale.
+    invalidated: u64,
 }
 
 /// Cached copies and fills in flight.
@@ -103,8 +107,12 @@ impl Cache {
         self.fill_ids.contains_key(&id)
     }
 
-    /// Drops the copy of `key` if it is older than `version`; whether it did.
+    /// Drops the copy of `key` if it is older than `version`; whether it did. A fill of
+    /// `key` in flight remembers the version, so an older answer to it is not kept.
     pub fn invalidate(&mut self, key: &[u8], version: u64) -> bool {
+        if let Some(f) = self.fills.get_mut(key) {
+            f.invalidated = f.invalidated.max(version);
+        }
         let old = self
             .copies
             .copy_of(key)
@@ -192,6 +200,7 @@ impl Kv {
                 waiters: vec![(from, id)],
                 deadline,
                 retry_at: None,
+                invalidated: 0,
             },
         );
         self.cache.fill_ids.insert(fid, key.clone());
@@ -235,9 +244,26 @@ impl Kv {
         let Some(key) = self.cache.fill_ids.remove(&id) else {
             return;
         };
-        let Some(f) = self.cache.fills.remove(&key) else {
+        let Some(mut f) = self.cache.fills.remove(&key) else {
             return;
         };
+        // A write was acknowledged after this answer left the primary (its invalidation came
+        // first): the answer may be older than what some waiters must see. Ask again for
+        // all of them, within the same deadline.
+        let current = match &outcome {
+            Outcome::Value(item) => item.version >= f.invalidated,
+            _ => f.invalidated == 0,
+        };
+        if !current {
+            let fid = self.new_id();
+            f.id = fid;
+            f.invalidated = 0;
+            f.retry_at = None;
+            self.cache.fills.insert(key.clone(), f);
+            self.cache.fill_ids.insert(fid, key.clone());
+            self.send_fill(now, node, &key);
+            return;
+        }
         if let Outcome::Value(item) = &outcome {
             // Kept only while the answer's sender is still the key's primary here.
             if node.key_root(routing_key(&key)) == Some(primary)
