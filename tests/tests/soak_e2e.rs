@@ -1,16 +1,24 @@
-//! The restart soak (issue 13): a 3x3x3 torus of namespaces where every server keeps checked
-//! reliable traffic going to changing peers (the built-in load service, journalled) while
-//! 20 random restarts hit it over about two minutes: torusd, the control process or both,
-//! with SIGTERM or SIGKILL. An oracle then reads every journal and checks the delivery
-//! contract: nothing delivered twice, nothing corrupt, every message reported acknowledged
-//! present at its receiver, every message followed to an end (acknowledged or failed); and at
-//! the end every pair of servers exchanges reliable messages again. Needs root.
+//! Soaks of a 3x3x3 torus of namespaces. Needs root.
+//!
+//! The restart soak (issue 13): every server keeps checked reliable traffic going to
+//! changing peers (the built-in load service, journalled) while 20 random restarts hit it
+//! over about two minutes: torusd, the control process or both, with SIGTERM or SIGKILL. An
+//! oracle then reads every journal and checks the delivery contract: nothing delivered twice,
+//! nothing corrupt, every message reported acknowledged present at its receiver, every
+//! message followed to an end (acknowledged or failed); and at the end every pair of servers
+//! exchanges reliable messages again.
+//!
+//! The platform soak: the same journalled traffic, and at the same time memcached clients
+//! (pymemcache) running a register workload through six gateways, judged for linearizability
+//! (scripts/kvlin.py), and multicasts back to back, while faults land every few seconds: loss
+//! on a link, a link taken down and up, torusd or the control process killed and restarted.
+//! Its length is TORUSNET_SOAK_SECONDS (60 in the test command; scripts/soak.sh runs 600).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use torusnet_e2e::{Daemon, Torus};
+use torusnet_e2e::{root, Daemon, Torus};
 use torusnet_proto::rng::SplitMix64;
 use torusnet_proto::topology::Coord;
 
@@ -319,4 +327,272 @@ fn twenty_random_restarts_under_checked_traffic() {
         lost, 0,
         "every pair exchanges reliable messages after the soak"
     );
+}
+
+/// The platform soak's length: TORUSNET_SOAK_SECONDS, else 60 s.
+fn soak_seconds() -> u64 {
+    std::env::var("TORUSNET_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60)
+}
+
+/// Resident memory of every daemon now, by (server, daemon, pid), in KiB.
+fn rss(t: &Torus) -> HashMap<(Coord, &'static str, u32), u64> {
+    let mut out = HashMap::new();
+    for c in t.dims.coords() {
+        for (which, name) in [(Daemon::Torusd, "torusd"), (Daemon::Control, "control")] {
+            for p in t.pids(c, which) {
+                let kb = std::fs::read_to_string(format!("/proc/{p}/status"))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find(|l| l.starts_with("VmRSS:"))
+                            .and_then(|l| l.split_whitespace().nth(1))
+                            .and_then(|v| v.parse().ok())
+                    });
+                if let Some(kb) = kb {
+                    out.insert((c, name, p), kb);
+                }
+            }
+        }
+    }
+    out
+}
+
+const IFNAMES: [&str; 6] = ["px", "mx", "py", "my", "pz", "mz"];
+const LINKS: [&str; 6] = ["+x", "-x", "+y", "-y", "+z", "-z"];
+
+#[test]
+fn the_platform_under_faults() {
+    let secs = soak_seconds();
+    let t = Torus::up_with("tpf", "3x3x3", &["--front"]);
+    for c in t.dims.coords() {
+        let path = journal(&t, c);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(t.node_file(c))
+            .expect("node file");
+        use std::io::Write;
+        writeln!(f, "\n[load]\njournal = \"{}\"", path.display()).expect("append [load]");
+    }
+    t.start();
+    wait_converged(&t);
+    let all: Vec<Coord> = t.dims.coords().collect();
+    let start_gw = Instant::now();
+    for c in &all {
+        while t
+            .ask_within(*c, &json!({"cmd": "status"}), Duration::from_secs(2))
+            .map_or(true, |s| s["kv"]["gateway"].is_null())
+        {
+            assert!(
+                start_gw.elapsed() < Duration::from_secs(30),
+                "no gateway at {c}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    for (i, c) in all.iter().enumerate() {
+        start_load(&t, *c, i as u64 + 1);
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let warm = rss(&t);
+
+    let until = Instant::now() + Duration::from_secs(secs);
+    let gateways: Vec<String> = [0usize, 4, 8, 13, 20, 26]
+        .iter()
+        .map(|i| t.front_addr(all[*i]))
+        .collect();
+    let (kv, mcasts, faults) = std::thread::scope(|s| {
+        // The register workload, judged for linearizability.
+        let kv = s.spawn(|| {
+            let script = root().join("scripts/kvlin.py");
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", &format!("{}-front", t.prefix), "python3"])
+                .arg(&script)
+                .args([&gateways.join(","), "4", "6", &secs.to_string(), "7"])
+                .output()
+                .expect("run kvlin.py");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let line = text.lines().last().unwrap_or_default().to_string();
+            serde_json::from_str::<Value>(&line).unwrap_or_else(|e| {
+                panic!(
+                    "kvlin.py: {e}: {text} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+        });
+        // Multicasts of 8 MB from changing roots, back to back.
+        let mc = s.spawn(|| {
+            let mut results = Vec::new();
+            let mut k = 0u64;
+            while Instant::now() < until {
+                let root = all[(k as usize * 7 + 3) % all.len()];
+                let r = t.ask_within(
+                    root,
+                    &json!({"cmd": "multicast", "generate": 8_000_000u64, "seed": k, "timeout_ms": 30_000}),
+                    Duration::from_secs(40),
+                );
+                results.push((root, r));
+                k += 1;
+            }
+            results
+        });
+        // The faults.
+        let mut rng = SplitMix64::new(17);
+        let mut faults: HashMap<&'static str, u64> = HashMap::new();
+        while Instant::now() + Duration::from_secs(4) < until {
+            std::thread::sleep(Duration::from_secs(2));
+            let c = all[rng.below(all.len() as u64) as usize];
+            let d = rng.below(6) as usize;
+            match rng.below(4) {
+                0 => {
+                    let set = |drop: f64| {
+                        t.ask_within(
+                            c,
+                            &json!({"cmd": "fault", "link": LINKS[d], "drop": drop}),
+                            Duration::from_secs(5),
+                        )
+                    };
+                    if set(0.05).is_ok() {
+                        std::thread::sleep(Duration::from_secs(2));
+                        let _ = set(0.0);
+                        *faults.entry("loss 5% on a link for 2 s").or_default() += 1;
+                    }
+                }
+                1 => {
+                    let ip = |state: &str| {
+                        std::process::Command::new("ip")
+                            .args(["-n", &t.ns(c), "link", "set", "dev", IFNAMES[d], state])
+                            .status()
+                            .expect("ip link")
+                    };
+                    ip("down");
+                    std::thread::sleep(Duration::from_millis(1500));
+                    ip("up");
+                    *faults.entry("link down for 1.5 s").or_default() += 1;
+                }
+                2 => {
+                    t.signal(c, Daemon::Torusd, "KILL");
+                    std::thread::sleep(Duration::from_millis(300));
+                    t.start_daemon(c, Daemon::Torusd);
+                    wait_dataplane(&t, c);
+                    start_load(&t, c, 5000 + rng.below(1000));
+                    *faults.entry("torusd killed and restarted").or_default() += 1;
+                }
+                _ => {
+                    t.signal(c, Daemon::Control, "KILL");
+                    std::thread::sleep(Duration::from_millis(300));
+                    t.start_daemon(c, Daemon::Control);
+                    *faults
+                        .entry("control process killed and restarted")
+                        .or_default() += 1;
+                }
+            }
+        }
+        (
+            kv.join().expect("kv thread"),
+            mc.join().expect("multicast thread"),
+            faults,
+        )
+    });
+
+    // The traffic stops and everything on its way ends.
+    wait_converged(&t);
+    for c in &all {
+        let r = t.ask_within(
+            *c,
+            &json!({"cmd": "load", "action": "stop"}),
+            Duration::from_secs(5),
+        );
+        assert!(r.is_ok(), "load stop at {c}: {r:?}");
+    }
+    let start = Instant::now();
+    loop {
+        let open: u64 = all
+            .iter()
+            .map(|c| {
+                t.ask_within(
+                    *c,
+                    &json!({"cmd": "load", "action": "report"}),
+                    Duration::from_secs(5),
+                )
+                .map_or(1, |r| r["outstanding"].as_u64().unwrap_or(0))
+            })
+            .sum();
+        if open == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{open} messages never reached an end"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let o = check_journals(&t);
+    let end = rss(&t);
+
+    // The report.
+    eprintln!("platform soak, {secs} s; faults: {faults:?}");
+    eprintln!("reliable traffic (journals): {o:?}");
+    eprintln!(
+        "key-value register workload: {} operations {}, linearizable {}",
+        kv["ops"], kv["counts"], kv["linearizable"]
+    );
+    let mut mc_ok = 0;
+    let mut mc_err = Vec::new();
+    for (root, r) in &mcasts {
+        match r {
+            Ok(v) if v["error"].is_null() => {
+                let lost = v["lost"].as_array().map_or(0, Vec::len) as u64;
+                assert_eq!(
+                    v["completed"].as_u64().unwrap_or(0) + lost,
+                    26,
+                    "a multicast from {root} lost track of a member: {v}"
+                );
+                mc_ok += 1;
+            }
+            Ok(v) => mc_err.push(format!("{root}: {}", v["error"])),
+            Err(e) => mc_err.push(format!("{root}: {e}")),
+        }
+    }
+    eprintln!(
+        "multicasts: {} of {} ended whole at every member alive, {} with an error: {mc_err:?}",
+        mc_ok,
+        mcasts.len(),
+        mc_err.len()
+    );
+    let mut grew = Vec::new();
+    for (k, before) in &warm {
+        if let Some(after) = end.get(k) {
+            eprintln!(
+                "rss {} {} (pid {}): {} -> {} MiB",
+                k.0,
+                k.1,
+                k.2,
+                before / 1024,
+                after / 1024
+            );
+            // Allowance for caches that fill as traffic spreads (the store, the
+            // directory): growth beyond it, in a minute, is a leak.
+            if *after > before * 2 + 64 * 1024 {
+                grew.push((k.0, k.1, *before, *after));
+            }
+        }
+    }
+
+    assert_eq!(kv["linearizable"], json!(true), "{kv}");
+    assert!(kv["ops"].as_u64().unwrap_or(0) > 100, "{kv}");
+    assert_eq!(o.duplicates, 0, "delivered twice: {o:?}");
+    assert_eq!(o.bad, 0, "corrupt deliveries: {o:?}");
+    assert_eq!(o.missing, 0, "acknowledged but missing: {o:?}");
+    assert_eq!(
+        o.mismatches, 0,
+        "reports that do not match the sends: {o:?}"
+    );
+    assert_eq!(o.unresolved, 0, "never acknowledged nor failed: {o:?}");
+    assert!(o.sent > 1000, "traffic flowed: {o:?}");
+    assert!(!mcasts.is_empty(), "no multicast ran");
+    assert!(grew.is_empty(), "memory grew: {grew:?}");
+    assert!(faults.values().sum::<u64>() >= secs / 8, "{faults:?}");
 }

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The long platform soak: a 3x3x3 torus under faults (loss on links, links down and up,
+# torusd and control processes killed and restarted) for SECONDS (default 600) while
+# journalled reliable traffic, a memcached register workload judged for linearizability and
+# multicasts run; prints its report (tests/tests/soak_e2e.rs, the_platform_under_faults).
+# The test command runs the same soak for 60 s. Needs root.
+#   sudo bash scripts/soak.sh [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --workspace --release --all-targets --quiet
+TORUSNET_SOAK_SECONDS=${1:-600} cargo test --release -p torusnet-e2e --test soak_e2e \
+  the_platform_under_faults -- --nocapture --test-threads 1
