@@ -375,6 +375,18 @@ def key_value():
     print(f"   {w.get('written', 0)} acknowledged (3 copies each, on GetServersForKey(SHA-1(key), 3)); "
           f"read back through all 27 gateways: {r.get('checked', 0)} reads, {r.get('missing', '?')} missing, "
           f"{r.get('wrong', '?')} wrong")
+    # Six clients of six gateways setting and reading four hot keys (through cache servers),
+    # the history judged for linearizability by a Wing-Gong search (scripts/kvlin.py).
+    gws = ",".join(front(ALL[i]) for i in (0, 4, 8, 13, 20, 26))
+    r = subprocess.run(["ip", "netns", "exec", f"{PREFIX}-front", "python3",
+                        os.path.join(ROOT, "scripts/kvlin.py"), gws, "4", "6", "5"],
+                       capture_output=True, text=True)
+    try:
+        lin = json.loads(r.stdout.strip().splitlines()[-1])
+        print(f"   6 clients of 6 gateways on 4 hot keys for 5 s: {lin['ops']} operations, "
+              f"linearizable: {'yes' if lin['linearizable'] else 'NO: ' + json.dumps(lin.get('violation'))[:300]}")
+    except (IndexError, ValueError, KeyError):
+        print(f"   linearizability check failed to run: {(r.stderr or r.stdout).strip()[-200:]}")
     st = ask((0, 0, 0), {"cmd": "status"})["kv"]["store"]
     print(f"   0,0,0's store: {st['items']} items held, {st['primary_ops']} operations ordered as primary, "
           f"cache {st['cache_hits']} hits / {st['cache_misses']} misses (docs/kv.md)")

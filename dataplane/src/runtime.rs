@@ -535,7 +535,12 @@ impl Shared {
                 if self.shards.iter().any(|s| s.commands.is_full()) {
                     return Err(c);
                 }
-                for (s, copy) in self.shards[1..].iter().zip(c.fan_out()) {
+                let copies: Vec<Command> = c.fan_out().take(self.shards.len() - 1).collect();
+                // The first poller's first: when even it finds no room, nobody has it.
+                let first = &self.shards[0];
+                first.commands.push(c)?;
+                first.wake();
+                for (s, copy) in self.shards[1..].iter().zip(copies) {
                     // Another thread took the last places since the check: counted (the
                     // queues hold 65536 commands, one request of each kind at a time).
                     if s.commands.push(copy).is_err() {
@@ -543,7 +548,7 @@ impl Shared {
                     }
                     s.wake();
                 }
-                0
+                return Ok(());
             }
             _ => 0,
         };
