@@ -9,9 +9,15 @@ use std::process::{Command, Output};
 
 use torusnet_e2e::root;
 
+/// Runs a command as an operator or developer would, outside the checkout's build: cargo
+/// puts `target/release` on the test's `LD_LIBRARY_PATH`, where a checkout's copy of the
+/// client library may be found first.
 fn run(args: &[&str]) -> Output {
     Command::new(args[0])
         .args(&args[1..])
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("TORUSNET_LIB")
+        .env_remove("PYTHONPATH")
         .output()
         .unwrap_or_else(|e| panic!("run {args:?}: {e}"))
 }
