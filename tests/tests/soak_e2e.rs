@@ -31,6 +31,20 @@ fn journal(t: &Torus, c: Coord) -> std::path::PathBuf {
         .join(format!("journal-{}.log", c.to_string().replace(',', "-")))
 }
 
+/// Makes every torusd journal its load service from its start, so nothing it receives
+/// before the load is (re)started goes unrecorded.
+fn journal_loads(t: &Torus) {
+    for c in t.dims.coords() {
+        let path = journal(t, c);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(t.node_file(c))
+            .expect("node file");
+        use std::io::Write;
+        writeln!(f, "\n[load]\njournal = \"{}\"", path.display()).expect("append [load]");
+    }
+}
+
 fn start_load(t: &Torus, c: Coord, seed: u64) {
     let req = json!({
         "cmd": "load", "action": "start", "peers": "all", "rate": 80,
@@ -190,17 +204,7 @@ fn check_journals(t: &Torus) -> Oracle {
 #[test]
 fn twenty_random_restarts_under_checked_traffic() {
     let t = Torus::up("tsk", "3x3x3");
-    // Every torusd journals its load service from its start, so nothing it receives
-    // before the load is (re)started goes unrecorded.
-    for c in t.dims.coords() {
-        let path = journal(&t, c);
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(t.node_file(c))
-            .expect("node file");
-        use std::io::Write;
-        writeln!(f, "\n[load]\njournal = \"{}\"", path.display()).expect("append [load]");
-    }
+    journal_loads(&t);
     t.start();
     wait_converged(&t);
     let all: Vec<Coord> = t.dims.coords().collect();
@@ -400,15 +404,7 @@ const LINKS: [&str; 6] = ["+x", "-x", "+y", "-y", "+z", "-z"];
 fn the_platform_under_faults() {
     let secs = soak_seconds();
     let t = Torus::up_with("tpf", "3x3x3", &["--front"]);
-    for c in t.dims.coords() {
-        let path = journal(&t, c);
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(t.node_file(c))
-            .expect("node file");
-        use std::io::Write;
-        writeln!(f, "\n[load]\njournal = \"{}\"", path.display()).expect("append [load]");
-    }
+    journal_loads(&t);
     t.start();
     wait_converged(&t);
     let all: Vec<Coord> = t.dims.coords().collect();
