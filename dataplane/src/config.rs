@@ -298,6 +298,17 @@ pub struct LinkConfig {
     pub neighbor_mac: Option<[u8; 6]>,
 }
 
+/// Where applications attach, and who may.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppsConfig {
+    /// The application socket.
+    pub socket: PathBuf,
+    /// Members of this group may attach (root and torusd's own user always may).
+    pub group: Option<String>,
+    /// At most this many applications at once.
+    pub max_apps: usize,
+}
+
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -337,7 +348,7 @@ pub struct NodeConfig {
     /// every probe sent and delivered, for a churn oracle.
     pub keys_journal: Option<PathBuf>,
     /// Applications in their own processes (`[apps]`): where they attach, who may.
-    pub apps: Option<crate::apps::AppsConfig>,
+    pub apps: Option<AppsConfig>,
     /// The key-value store and its memcached gateway (`[kv]`).
     pub kv: Option<crate::kvgw::KvSettings>,
     /// IP over the torus (`[ip]`).
@@ -517,7 +528,7 @@ impl NodeConfig {
             .socket
             .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}.sock")));
         // Beside the management socket by default: `X.sock` -> `X-apps.sock`.
-        let apps = apps_on.then(|| crate::apps::AppsConfig {
+        let apps = apps_on.then(|| AppsConfig {
             socket: apps_socket.unwrap_or_else(|| {
                 let stem = socket.file_stem().map(|s| s.to_string_lossy().into_owned());
                 socket.with_file_name(format!(

@@ -1,5 +1,6 @@
 //! The torusnet dataplane: the XDP program that steers torus frames into AF_XDP sockets,
-//! and (as it grows) the sockets, pollers and runtime of `torusd`.
+//! the sockets, the pollers that move frames between them and the protocol engine, and
+//! the runtime of `torusd` (its layout: ARCHITECTURE.md at the repository's root).
 
 pub mod apps;
 pub mod carrier;
@@ -15,10 +16,13 @@ pub mod metrics;
 pub mod mgmt;
 pub mod netns;
 pub mod poller;
+pub mod port;
 pub mod rmem;
 pub mod runtime;
+pub mod shared;
+pub mod status;
 pub mod transit;
-mod tx_path;
+mod transmit;
 pub mod watch;
 pub mod xdp_object;
 pub mod xsk;

@@ -25,7 +25,8 @@ use torusnet_services::builtin::{
 
 use crate::config::NodeConfig;
 use crate::netns::parse_mac;
-use crate::runtime::{Command, Dataplane};
+use crate::runtime::Dataplane;
+use crate::shared::Command;
 
 /// A torusd: its configuration and, once it has a coordinate, its running dataplane.
 pub struct Daemon {

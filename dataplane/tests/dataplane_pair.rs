@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use torusnet_dataplane::config::NodeConfig;
 use torusnet_dataplane::netns::{enter, format_mac, mac_of, veth_pair, Netns};
-use torusnet_dataplane::runtime::{Command, Dataplane};
+use torusnet_dataplane::runtime::Dataplane;
+use torusnet_dataplane::shared::Command;
 use torusnet_proto::harness::payload;
 use torusnet_proto::node::{Event, MsgOptions, Target};
 use torusnet_proto::topology::{Coord, Dir};
@@ -113,7 +114,7 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
     // Status snapshots are published periodically, so counters may lag the
     // last delivery; wait (bounded) for snapshots that reflect the loss and its repair.
     let (mut sa, mut sb) = (a.status(), b.status());
-    let dropped = |sb: &torusnet_dataplane::runtime::Status| -> u64 {
+    let dropped = |sb: &torusnet_dataplane::status::Status| -> u64 {
         sb.links.iter().map(|l| l.xdp.fault_dropped).sum()
     };
     let settle = Instant::now() + Duration::from_secs(3);

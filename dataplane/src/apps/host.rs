@@ -26,8 +26,7 @@ use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{FailReason, Fences, Lent, SendError, NOTICES};
 
-use super::{AppInfo, NewApp};
-use crate::runtime::Shared;
+use crate::shared::{AppInfo, NewApp, Shared};
 
 /// Submissions read per application per turn (so one cannot starve the others).
 const BATCH: usize = 1024;
@@ -992,7 +991,7 @@ fn run_channel(data: &[u8]) -> Option<(u64, u64)> {
     let dims: torusnet_proto::topology::Dims = "3x3x1".parse().expect("dims");
     let here = Coord::new(0, 0, 0);
     // The machine's limits (descriptors) are not the input's doing: nothing to check then.
-    let Ok(shared) = crate::runtime::Shared::detached(dims, here, 1) else {
+    let Ok(shared) = Shared::detached(dims, here, 1) else {
         return None;
     };
     let len = geo.total() as usize;

@@ -22,8 +22,8 @@ use torusnet_client::channel::{self, Geometry, Region};
 use torusnet_client::sys;
 use torusnet_services::names::{NamesRequest, MAX_NAME, NAMES};
 
-use super::{AppInfo, AppsConfig, NewApp};
-use crate::runtime::{Command, Shared};
+use crate::config::AppsConfig;
+use crate::shared::{AppInfo, Command, NewApp, Shared};
 
 /// Binds the application socket and serves it from a thread until torusd stops; the
 /// thread, which removes the socket file as it ends.
