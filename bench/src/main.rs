@@ -16,7 +16,6 @@ mod procmem;
 mod rmem;
 mod route;
 mod sim;
-mod sim_routing;
 mod stack;
 mod transport;
 mod transport_cost;

@@ -2,17 +2,15 @@
 //! runs the project's own engines: all-to-all throughput against torus size and against
 //! failed servers, and key-routed traffic under churn checked by an oracle.
 
-use std::time::{Duration, Instant};
+mod alltoall;
+mod harness;
+mod routing;
+
+use serde_json::json;
 
 use crate::churn::{churn, ChurnOpts, ChurnReport, Views};
-use serde::Serialize;
-use serde_json::json;
-use torusnet_proto::node::{Event, MsgOptions, Target};
-use torusnet_proto::rng::SplitMix64;
-use torusnet_proto::sim::{all_to_all_bound, all_to_all_bound_view, Sim, SimConfig};
-use torusnet_proto::time::Time;
-use torusnet_proto::topology::Dims;
-use torusnet_proto::transport::{Config, SendError};
+use alltoall::{alltoall, Load, Traffic};
+use harness::{cfg, threads_for};
 
 /// Options of `torus-bench sim`.
 #[derive(clap::Args)]
@@ -65,7 +63,7 @@ enum Exp {
     },
     /// The routing modes (next hops, source routes by BSR, key routing) under all-to-all and
     /// a hot row, with 0..20% of servers and links failed: aggregate throughput.
-    Routing(crate::sim_routing::Args),
+    Routing(routing::Args),
     /// Key-routed messages under churn: servers fail and rejoin; an oracle checks where
     /// every message landed.
     Churn {
@@ -128,384 +126,6 @@ struct Out {
     real_bytes: bool,
 }
 
-/// Servers from which a run uses every core unless told otherwise: below it a part's
-/// windows last microseconds and two parts spend them waiting for each other.
-const PARALLEL_FROM: u64 = 512;
-
-/// The threads for a torus of `k`^3 servers: `asked`, or every core from [`PARALLEL_FROM`] servers up.
-pub(crate) fn threads_for(asked: Option<usize>, k: u16) -> usize {
-    asked.unwrap_or_else(|| {
-        if u64::from(k).pow(3) >= PARALLEL_FROM {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            1
-        }
-    })
-}
-
-/// The simulated torus of the experiments: k x k x k, 1 Gb/s links, 1 us, MTU 9000.
-pub(crate) fn cfg(k: u16, spread_by_load: bool) -> Result<SimConfig, String> {
-    Ok(SimConfig {
-        dims: Dims::new(k, k, k).map_err(|e| e.to_string())?,
-        rate_bps: 1_000_000_000,
-        delay: Duration::from_micros(1),
-        queue_frames: 32,
-        transport: Config {
-            mtu: 9000,
-            queue_bytes: 256 << 10,
-            // The same frames either way; the payloads are runs the queues need not copy.
-            compact_runs: true,
-            ..Config::default()
-        },
-        spread_by_load,
-    })
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Point {
-    servers: u64,
-    /// Threads the simulator ran on.
-    threads: usize,
-    failed_pct: f64,
-    load: Load,
-    /// Per-server rate offered (paced load).
-    offered_gbps: f64,
-    /// Mean over live servers.
-    per_server_gbps: f64,
-    /// Median over live servers (CamCube's Figure 5(b) plots the median).
-    median_gbps: f64,
-    /// The analytic expectation for the whole torus (what paced load offers).
-    bound_gbps: f64,
-    /// The analytic expectation over the live servers and links only.
-    bound_live_gbps: f64,
-    fraction_of_bound: f64,
-    packets_offered: u64,
-    /// Paced packets a server could not even queue (its send queue was full).
-    refused_at_source: u64,
-    /// Packets addressed to failed servers (with `--to-failed`), refused by the engine.
-    unreachable: u64,
-    events: u64,
-    wakes: u64,
-    forwarded: u64,
-    events_per_s: f64,
-    wall_s: f64,
-    memory_per_server_kib: f64,
-    /// Peak resident memory of the run, MiB.
-    peak_mib: f64,
-    dropped_no_room: u64,
-    dropped_engine: u64,
-    retransmitted_frames: u64,
-    ack_frames: u64,
-}
-
-/// One tick of paced traffic: sends `batch` (each part of the torus its own sources'),
-/// runs the simulator to `until`, and adds what each server received after `warm` to
-/// `per_server`. Returns the packets refused as unreachable and those a full source queue
-/// could not take (lost at the source).
-pub(crate) fn paced_step(
-    sim: &mut Sim,
-    batch: &mut Vec<(usize, Target)>,
-    msg: &[u8],
-    opts: MsgOptions,
-    until: Time,
-    warm: Duration,
-    per_server: &mut [u64],
-) -> Result<(u64, u64), String> {
-    let (mut unreachable, mut refused) = (0, 0);
-    for r in sim.send_many(batch, 9, msg, opts) {
-        match r {
-            Ok(()) => {}
-            Err(SendError::Unreachable) => unreachable += 1,
-            Err(SendError::WouldBlock) => refused += 1,
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    batch.clear();
-    let measuring = |at: Time| at >= Time::ZERO + warm;
-    sim.run_until(until, |at, server, e| {
-        if let Event::Message { data, .. } = e {
-            if measuring(at) {
-                per_server[server] += data.len() as u64;
-            }
-        }
-    });
-    Ok((unreachable, refused))
-}
-
-/// How all-to-all traffic is generated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-enum Load {
-    /// CamCube's method (CamCubeOS paper 4.2.3): no flow control; every server sends
-    /// unreliable 8 KB packets at the expected (analytic) per-server rate.
-    Paced,
-    /// Every server keeps its reliable transport's send queue full: flow control,
-    /// acknowledgements and retransmission included.
-    Reliable,
-}
-
-/// Payload of one all-to-all packet: one per jumbo frame.
-pub(crate) const PACKET: usize = 8192;
-
-/// Fails `pct` of the servers, picked by `rng`, as the control plane would have detected
-/// (out of every view); which are down.
-pub(crate) fn fail_servers(sim: &mut Sim, rng: &mut SplitMix64, pct: f64) -> Vec<bool> {
-    let dims = sim.dims();
-    let n = dims.count() as usize;
-    let mut down = vec![false; n];
-    let nfail = ((n as f64) * pct / 100.0).round() as usize;
-    while down.iter().filter(|d| **d).count() < nfail {
-        let i = rng.below(n as u64) as usize;
-        if !down[i] {
-            down[i] = true;
-            sim.set_server(dims.coord(i), false);
-        }
-    }
-    down
-}
-
-/// When each of `n` paced sources first sends, at random within one `interval`, so that
-/// they do not all send in step.
-pub(crate) fn phases(rng: &mut SplitMix64, n: usize, interval: f64) -> Vec<f64> {
-    (0..n)
-        .map(|_| rng.below(1 << 20) as f64 / f64::from(1 << 20) * interval)
-        .collect()
-}
-
-/// When each of `n` sources sends its next packet: every `interval` seconds from a random
-/// phase. Only the sources due are visited each tick (looking at all 4096 every 10 us was
-/// a pause, on one thread, that every part waited for).
-pub(crate) struct Pacer {
-    next_at: Vec<f64>,
-    interval: f64,
-    /// The sources by phase. A source sends at its phase plus whole intervals, so they come
-    /// due in this order, round after round: those due next always follow the last served
-    /// (a heap of 4096 sources, popped and pushed per packet, was 3% of a run, on the one
-    /// thread every part waits for).
-    order: Vec<usize>,
-    /// Where in `order` the next source to come due is.
-    at: usize,
-}
-
-impl Pacer {
-    pub(crate) fn new(rng: &mut SplitMix64, n: usize, interval: f64) -> Pacer {
-        let next_at = phases(rng, n, interval);
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|a, b| next_at[*a].total_cmp(&next_at[*b]).then(a.cmp(b)));
-        Pacer {
-            next_at,
-            interval,
-            order,
-            at: 0,
-        }
-    }
-
-    /// The sources with packets due by `now_s`, in source order, each with how many
-    /// (`out` is cleared first).
-    pub(crate) fn due(&mut self, now_s: f64, out: &mut Vec<(usize, u32)>) {
-        out.clear();
-        // Each source once at most: one that is due sends all it owes.
-        for _ in 0..self.order.len() {
-            let p = self.order[self.at];
-            if self.next_at[p] > now_s {
-                break;
-            }
-            let mut count = 0;
-            while self.next_at[p] <= now_s {
-                self.next_at[p] += self.interval;
-                count += 1;
-            }
-            out.push((p, count));
-            self.at = (self.at + 1) % self.order.len();
-        }
-        if out.len() == self.order.len() {
-            // Time moved on by an interval or more: every source sent, and the first due
-            // now is wherever the round starts, not where the last one ended.
-            let at = |k: &usize| self.next_at[self.order[*k]];
-            self.at = (0..self.order.len())
-                .min_by(|a, b| at(a).total_cmp(&at(b)).then(a.cmp(b)))
-                .unwrap_or(0);
-        }
-        out.sort_unstable();
-    }
-}
-
-/// All-to-all at torus size k with `fail_pct` of the servers down: per-server throughput.
-/// `to_failed`: sources keep addressing every other server, failed ones included (their
-/// packets are refused as unreachable), as a job that does not know who failed would.
-/// How an all-to-all run is driven.
-#[derive(Debug, Clone, Copy)]
-struct Traffic {
-    /// Simulated milliseconds (the first fifth is warm-up).
-    ms: f64,
-    seed: u64,
-    load: Load,
-    /// Sources address failed servers too.
-    to_failed: bool,
-    /// Forward on the least-loaded next hop (else the first with room).
-    spread: bool,
-    /// Threads the simulator runs on.
-    threads: usize,
-    /// Every payload byte through the engines' queues (no compacted runs).
-    real_bytes: bool,
-}
-
-impl Traffic {
-    #[cfg(test)]
-    fn new(ms: f64, seed: u64, load: Load) -> Traffic {
-        Traffic {
-            ms,
-            seed,
-            load,
-            to_failed: false,
-            spread: true,
-            threads: 1,
-            real_bytes: false,
-        }
-    }
-}
-
-fn alltoall(k: u16, fail_pct: f64, tr: &Traffic) -> Result<Point, String> {
-    let Traffic {
-        ms,
-        seed,
-        load,
-        to_failed,
-        spread,
-        threads,
-        real_bytes,
-    } = *tr;
-    crate::procmem::reset_peak();
-    let rss0 = crate::procmem::rss_kib();
-    let mut c = cfg(k, spread)?;
-    c.transport.compact_runs = !real_bytes;
-    let t0 = Instant::now();
-    let mut sim = Sim::with_threads(c, threads)?;
-    let dims = sim.dims();
-    let n = dims.count() as usize;
-    let mut rng = SplitMix64::new(seed);
-    let down = fail_servers(&mut sim, &mut rng, fail_pct);
-    let live: Vec<usize> = (0..n).filter(|i| !down[*i]).collect();
-    if live.len() < 2 {
-        return Err(format!(
-            "all-to-all needs two live servers; {n} servers with {fail_pct}% failed leave {}",
-            live.len()
-        ));
-    }
-    // Paced load offers the rate expected for the whole torus, failures or not (the paper
-    // computes it "given N servers").
-    let bound = all_to_all_bound(dims, c.rate_bps) / 1e9;
-    let bound_live = all_to_all_bound_view(sim.view(), c.rate_bps) / 1e9;
-    let msg = vec![0x5a_u8; PACKET];
-    let opts = MsgOptions {
-        reliable: load == Load::Reliable,
-        ..MsgOptions::default()
-    };
-    // Every packet to a random other server. (Destinations in index order, all servers in
-    // step, sent the whole torus's traffic along one displacement at a time: a few links
-    // overloaded, the others idle.)
-    let interval = PACKET as f64 * 8.0 / (bound * 1e9);
-    let mut pacer = Pacer::new(&mut rng, live.len(), interval);
-    let mut due: Vec<(usize, u32)> = Vec::new();
-    let total = Duration::from_secs_f64(ms / 1000.0);
-    let warm = total / 5;
-    let tick = match load {
-        Load::Paced => Duration::from_micros(10),
-        Load::Reliable => Duration::from_micros(100),
-    };
-    let (mut offered, mut refused, mut unreachable) = (0u64, 0u64, 0u64);
-    let mut per_server = vec![0u64; n];
-    let mut t = Time::ZERO;
-    let mut batch: Vec<(usize, Target)> = Vec::new();
-    while t < Time::ZERO + total {
-        let now_s = t.0 as f64 / 1e9;
-        match load {
-            Load::Paced => pacer.due(now_s, &mut due),
-            Load::Reliable => {
-                due.clear();
-                due.extend((0..live.len()).map(|p| (p, 64)));
-            }
-        }
-        for &(p, mut budget) in &due {
-            let i = live[p];
-            while budget > 0 {
-                let d = if to_failed {
-                    let d = rng.below(n as u64 - 1) as usize;
-                    d + usize::from(d >= i)
-                } else {
-                    let q = rng.below(live.len() as u64 - 1) as usize;
-                    live[q + usize::from(q >= p)]
-                };
-                budget -= 1;
-                offered += 1;
-                let to = Target::Server(dims.coord(d));
-                if load == Load::Paced {
-                    // Paced sends do not depend on each other's outcome: all of this tick's
-                    // go out together, each part of the torus sending its own.
-                    batch.push((i, to));
-                    continue;
-                }
-                match sim.send(i, to, 9, &msg, opts) {
-                    Ok(()) => {}
-                    Err(SendError::Unreachable) => unreachable += 1,
-                    Err(SendError::WouldBlock) => {
-                        offered -= 1;
-                        break;
-                    }
-                    Err(e) => return Err(e.to_string()),
-                }
-            }
-        }
-        t = t + tick;
-        let (u, r) = paced_step(&mut sim, &mut batch, &msg, opts, t, warm, &mut per_server)?;
-        unreachable += u;
-        refused += r;
-    }
-    let delivered_bytes: u64 = per_server.iter().sum();
-    let secs = (total - warm).as_secs_f64();
-    let per = delivered_bytes as f64 * 8.0 / secs / live.len() as f64 / 1e9;
-    let mut each: Vec<u64> = live.iter().map(|&i| per_server[i]).collect();
-    each.sort_unstable();
-    let median = each
-        .get(each.len() / 2)
-        .map_or(0.0, |b| *b as f64 * 8.0 / secs / 1e9);
-    let wall = t0.elapsed().as_secs_f64();
-    let st = sim.stats();
-    Ok(Point {
-        servers: n as u64,
-        threads,
-        failed_pct: fail_pct,
-        load,
-        offered_gbps: match load {
-            Load::Paced => bound,
-            Load::Reliable => f64::NAN,
-        },
-        per_server_gbps: per,
-        median_gbps: median,
-        bound_gbps: bound,
-        bound_live_gbps: bound_live,
-        fraction_of_bound: per / bound.max(1e-9),
-        packets_offered: offered,
-        refused_at_source: refused,
-        unreachable,
-        events: st.events,
-        wakes: st.wakes,
-        forwarded: st.forwarded,
-        events_per_s: st.events as f64 / wall.max(1e-9),
-        wall_s: wall,
-        memory_per_server_kib: (crate::procmem::rss_kib() - rss0).max(0.0) / n as f64,
-        peak_mib: crate::procmem::peak_mib(),
-        dropped_no_room: st.dropped_no_room,
-        dropped_engine: st.dropped_engine,
-        retransmitted_frames: (0..n)
-            .map(|i| sim.node(i).transport_stats().retransmitted_frames)
-            .sum(),
-        ack_frames: (0..n)
-            .map(|i| sim.node(i).transport_stats().ack_frames)
-            .sum(),
-    })
-}
-
 fn list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, String> {
     s.split(',')
         .map(|x| {
@@ -561,7 +181,7 @@ fn positive(what: &str, v: f64) -> Result<f64, String> {
 pub fn run(a: &Args) -> Result<(), String> {
     with_huge_pages();
     match &a.exp {
-        Exp::Routing(r) => crate::sim_routing::run(r)?,
+        Exp::Routing(r) => routing::run(r)?,
         Exp::Alltoall {
             sizes,
             ms,
@@ -767,37 +387,8 @@ pub fn run(a: &Args) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use super::alltoall::Point;
     use super::*;
-
-    #[test]
-    fn the_pacer_names_exactly_the_sources_due() {
-        // Against a look at every source: ticks shorter and longer than the interval.
-        let mut rng = SplitMix64::new(8);
-        let interval = 131e-6;
-        let mut pacer = Pacer::new(&mut rng, 500, interval);
-        let mut rng = SplitMix64::new(8);
-        let mut next_at = phases(&mut rng, 500, interval);
-        let (mut now, mut out) = (0.0, Vec::new());
-        let mut sent = 0;
-        for k in 0..3000u64 {
-            now += [10e-6, 1e-6, 400e-6, 0.0][(k % 4) as usize];
-            pacer.due(now, &mut out);
-            let mut want = Vec::new();
-            for (p, t) in next_at.iter_mut().enumerate() {
-                let mut count = 0;
-                while *t <= now {
-                    *t += interval;
-                    count += 1;
-                }
-                if count > 0 {
-                    want.push((p, count));
-                }
-            }
-            sent += want.len();
-            assert_eq!(out, want, "at {now}");
-        }
-        assert!(sent > 10_000);
-    }
 
     #[test]
     fn churn_with_own_control_planes_misdelivers_nothing() {

@@ -16,7 +16,7 @@ use torusnet_proto::sim::{all_to_all_bound, all_to_all_bound_view, Sim};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Dir;
 
-use crate::sim::PACKET;
+use super::harness::PACKET;
 
 /// How a run routes its traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -114,14 +114,14 @@ pub fn run_point(
     seed: u64,
     threads: usize,
 ) -> Result<Point, String> {
-    let c = crate::sim::cfg(k, true)?;
+    let c = super::harness::cfg(k, true)?;
     let t0 = Instant::now();
     let mut sim = Sim::with_threads(c, threads)?;
     let dims = sim.dims();
     let n = dims.count() as usize;
     // The same failures for every mode: the seed alone picks them.
     let mut rng = SplitMix64::new(seed);
-    let down = crate::sim::fail_servers(&mut sim, &mut rng, fail_pct);
+    let down = super::harness::fail_servers(&mut sim, &mut rng, fail_pct);
     let links = n * dims.link_dirs().len() as usize / 2;
     let lfail = ((links as f64) * fail_pct / 100.0).round() as usize;
     let mut failed_links = 0;
@@ -183,7 +183,7 @@ pub fn run_point(
         partner.swap(p, q);
     }
     let interval = PACKET as f64 * 8.0 / (offered * 1e9);
-    let mut pacer = crate::sim::Pacer::new(&mut traffic_rng, live.len(), interval);
+    let mut pacer = super::harness::Pacer::new(&mut traffic_rng, live.len(), interval);
     let mut due: Vec<(usize, u32)> = Vec::new();
     let msg = vec![0x5a_u8; PACKET];
     let opts = MsgOptions::default();
@@ -222,7 +222,7 @@ pub fn run_point(
         }
         t = t + tick;
         let (u, r) =
-            crate::sim::paced_step(&mut sim, &mut batch, &msg, opts, t, warm, &mut received)?;
+            super::harness::paced_step(&mut sim, &mut batch, &msg, opts, t, warm, &mut received)?;
         refused += u + r;
     }
     let delivered: u64 = received.iter().sum();
@@ -324,7 +324,7 @@ pub fn run(a: &Args) -> Result<(), String> {
     for &pattern in &a.patterns {
         for &f in &percents {
             for &mode in &a.modes {
-                let threads = crate::sim::threads_for(a.threads, a.k);
+                let threads = super::harness::threads_for(a.threads, a.k);
                 let p = run_point(a.k, mode, pattern, f, a.ms, a.seed, threads)?;
                 if !a.json {
                     println!(
@@ -413,7 +413,7 @@ mod tests {
 
     #[test]
     fn keys_are_found_for_every_live_server() {
-        let c = crate::sim::cfg(4, true).unwrap();
+        let c = crate::sim::harness::cfg(4, true).unwrap();
         let mut sim = Sim::new(c).unwrap();
         sim.set_server(Coord::new(1, 1, 1), false);
         let keys = keys_rooted(&sim, &mut SplitMix64::new(1));
