@@ -9,9 +9,10 @@ module using its parent's items is normal Rust and draws none. Test code (from t
 
 Prints every cycle (a strongly connected set of top-level modules) and exits 1 if there is
 one. With --sizes it also lists non-test files over 1000 lines and functions over 120 lines
-(outside tests), and with --strict those fail the check too.
+(outside tests), and with --strict those fail the check too. With --graph it prints each
+top-level module's arrows (what ARCHITECTURE.md's code map describes).
 
-Usage: check-house.py [ROOT] [--sizes] [--strict]
+Usage: check-house.py [ROOT] [--sizes] [--strict] [--graph]
 """
 import os
 import re
@@ -134,6 +135,7 @@ def main(argv):
     root = "."
     sizes = "--sizes" in argv or "--strict" in argv
     strict = "--strict" in argv
+    graph_out = "--graph" in argv
     for a in argv:
         if not a.startswith("--"):
             root = a
@@ -162,6 +164,10 @@ def main(argv):
                 for length, head in long_functions(p, text):
                     oversized += 1
                     print(f"fn over {MAX_FN_LINES} lines: {os.path.relpath(p, root)} {length} {head}")
+        if graph_out:
+            for m in sorted(graph):
+                if graph[m]:
+                    print(f"{crate}: {m} -> {' '.join(sorted(graph[m]))}")
         for c in cycles(graph):
             found_cycles += 1
             edges = ", ".join(
