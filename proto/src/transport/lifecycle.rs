@@ -22,6 +22,7 @@
 use std::time::Duration;
 
 use crate::time::Time;
+use crate::wire::FrameView;
 
 /// Why messages to a peer were reported failed instead of delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -283,6 +284,18 @@ impl Lifecycle {
             (a, b) => a.or(b),
         }
     }
+}
+
+/// Bytes of a SYNC payload: the sender's incarnation (u64) and flags (u8).
+pub(super) const SYNC_PAYLOAD: usize = 9;
+/// SYNC flag: an announcement of a (re)start, not a handshake (no connection id).
+pub(super) const SYNC_ANNOUNCE: u8 = 1;
+
+/// A SYNC's incarnation and flags.
+pub(super) fn sync_payload(view: &FrameView<'_>) -> Option<(u64, u8)> {
+    let p = view.payload();
+    let inc = u64::from_be_bytes(p.get(..8)?.try_into().ok()?);
+    Some((inc, *p.get(8)?))
 }
 
 #[cfg(test)]
