@@ -1,0 +1,82 @@
+//! The attach socket's JSON requests: names, acknowledgement reports.
+
+use crate::*;
+
+pub(crate) fn read_line(sock: &UnixStream) -> Result<Value, Error> {
+    let (line, _) = sys::recv_line_with_fds(sock, 0).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::Closed
+        } else {
+            Error::Io(e)
+        }
+    })?;
+    let v: Value = serde_json::from_slice(&line)
+        .map_err(|e| Error::Refused(format!("torusd answered non-JSON: {e}")))?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        return Err(Error::Refused(e.to_string()));
+    }
+    Ok(v)
+}
+
+pub(crate) fn coord_of(v: &Value) -> Option<Coord> {
+    let a = v.as_array()?;
+    let g = |i: usize| a.get(i)?.as_u64().and_then(|n| u16::try_from(n).ok());
+    Some((g(0)?, g(1)?, g(2)?))
+}
+
+impl Client {
+    /// One request on the attach socket (names, acknowledgements), answered within `limit`.
+    pub(crate) fn request(&self, req: Value, limit: Duration) -> Result<Value, Error> {
+        let s = self.sock.lock();
+        s.set_read_timeout(Some(limit))?;
+        {
+            use std::io::Write;
+            let mut w = &*s;
+            writeln!(w, "{req}").map_err(|_| Error::Closed)?;
+        }
+        read_line(&s).map_err(|e| match e {
+            Error::Io(io)
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Error::Timeout
+            }
+            other => other,
+        })
+    }
+
+    /// The servers that host service `name`, across the torus.
+    pub fn resolve(&self, name: &str, timeout: Duration) -> Result<Vec<Address>, Error> {
+        let v = self.request(
+            json!({"cmd": "resolve", "name": name, "timeout_ms": timeout.as_millis() as u64}),
+            timeout + Duration::from_secs(1),
+        )?;
+        let mut out = Vec::new();
+        for l in v["locations"].as_array().into_iter().flatten() {
+            if let (Some(server), Some(service)) = (
+                coord_of(&l["server"]),
+                l["service"].as_u64().and_then(|s| u16::try_from(s).ok()),
+            ) {
+                out.push(Address { server, service });
+            }
+        }
+        self.names.lock().insert(name.to_string(), out.clone());
+        Ok(out)
+    }
+
+    /// Forgets what `resolve` cached for `name` (its host moved).
+    pub fn forget(&self, name: &str) {
+        self.names.lock().remove(name);
+    }
+
+    /// Asks for [`Event::Acked`] reports of this application's reliable messages.
+    pub fn notify_acks(&self, on: bool) -> Result<(), Error> {
+        self.request(
+            json!({"cmd": "notify_acks", "on": on}),
+            Duration::from_secs(5),
+        )?;
+        Ok(())
+    }
+}
