@@ -22,9 +22,10 @@ multiarch=$(gcc -print-multiarch 2>/dev/null || true)
 [ -n "$multiarch" ] || multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 libdir=usr/lib/$multiarch
 maintainer="torusnet developers <torusnet@localhost>"
-work=target/deb-client
-rm -rf "$work"
+# A private tree per run, so two runs side by side cannot empty each other's.
 mkdir -p target/debian
+work=$(mktemp -d target/deb-client.XXXXXX)
+trap 'rm -rf "$work"' EXIT
 
 # What the library needs at run time, as the packages that ship those libraries.
 depends=""
@@ -117,6 +118,8 @@ for p in "$run" "$dev"; do
   find "$p" -type d -exec chmod 0755 {} +
   name=$(sed -n 's/^Package: //p' "$p/DEBIAN/control")
   out=target/debian/${name}_${version}_$arch.deb
-  dpkg-deb --root-owner-group -Zxz --build "$p" "$out" >/dev/null
+  # Built beside its final name and renamed: a reader never sees a half-written package.
+  dpkg-deb --root-owner-group -Zxz --build "$p" "$work/$name.deb" >/dev/null
+  mv -f "$work/$name.deb" "$out"
   echo "$out"
 done

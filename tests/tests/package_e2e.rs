@@ -6,6 +6,7 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
 
 use torusnet_e2e::root;
 
@@ -20,6 +21,19 @@ fn run(args: &[&str]) -> Output {
         .env_remove("PYTHONPATH")
         .output()
         .unwrap_or_else(|e| panic!("run {args:?}: {e}"))
+}
+
+/// Held by each test for its whole run: both install and purge with dpkg, which takes one
+/// lock for its database, and both write the same packages into target/debian. Run side by
+/// side, they once shared one build tree and one test's script emptied the other's
+/// (scripts/package-client-deb.sh now builds in a private tree and renames into place).
+static PACKAGING: Mutex<()> = Mutex::new(());
+
+/// Takes [`PACKAGING`], also after the other test panicked while holding it.
+fn packaging() -> MutexGuard<'static, ()> {
+    PACKAGING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn ok(args: &[&str]) -> String {
@@ -44,6 +58,7 @@ impl Drop for Installed {
 
 #[test]
 fn the_debian_package_installs_checks_and_purges_cleanly() {
+    let _serial = packaging();
     if run(&["dpkg", "-s", "torusnet"]).status.success() {
         eprintln!("a torusnet package is installed here already: not touching it, test skipped");
         return;
@@ -189,6 +204,7 @@ fn wait_resolves(t: &torusnet_e2e::Torus, from: &Path, name: &str) {
 /// against real daemons in a namespace torus, then everything purged with nothing left.
 #[test]
 fn application_developers_build_against_the_installed_packages() {
+    let _serial = packaging();
     for p in ["libtorusnet-client0", "libtorusnet-client-dev"] {
         if run(&["dpkg", "-s", p]).status.success() {
             eprintln!("{p} is installed here already: not touching it, test skipped");
