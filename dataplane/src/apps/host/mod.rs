@@ -28,6 +28,12 @@ use torusnet_proto::transport::{FailReason, Fences, Lent, SendError, NOTICES};
 
 use crate::shared::{AppInfo, NewApp, Shared};
 
+mod notices;
+mod untrusted;
+
+use notices::OwedNotices;
+pub use untrusted::check_untrusted;
+
 /// Submissions read per application per turn (so one cannot starve the others).
 const BATCH: usize = 1024;
 /// Events an application may leave unread beyond its ring before it counts as full: from
@@ -53,55 +59,8 @@ struct Posted {
     cookie: u64,
 }
 
-/// Notices an application owes senders of messages into its return buffers that found no
-/// buffer ("return buffer missing"): those messages were acknowledged, so the notice is
-/// the only way their senders learn they were not placed. Sent at once when the transport
-/// has room, else kept in order and sent first on later turns; beyond `MAX_OWED_NOTICES`,
-/// or when the transport refuses one for good (its sender unreachable), counted lost.
-#[derive(Default)]
-struct OwedNotices {
-    queue: VecDeque<Outgoing>,
-}
-
-impl OwedNotices {
-    /// Sends `o` through `send` unless older notices wait; how many were lost (0 or 1).
-    fn send(
-        &mut self,
-        o: Outgoing,
-        send: &mut impl FnMut(&Outgoing) -> Result<(), SendError>,
-    ) -> u64 {
-        if self.queue.is_empty() {
-            match send(&o) {
-                Ok(()) => return 0,
-                Err(SendError::WouldBlock) => {}
-                Err(_) => return 1,
-            }
-        }
-        if self.queue.len() >= MAX_OWED_NOTICES {
-            return 1;
-        }
-        self.queue.push_back(o);
-        0
-    }
-
-    /// Sends the waiting notices, oldest first, while the transport takes them; (sent,
-    /// lost).
-    fn flush(&mut self, send: &mut impl FnMut(&Outgoing) -> Result<(), SendError>) -> (usize, u64) {
-        let (mut sent, mut lost) = (0, 0);
-        while let Some(o) = self.queue.front() {
-            match send(o) {
-                Ok(()) => sent += 1,
-                Err(SendError::WouldBlock) => break,
-                Err(_) => lost += 1,
-            }
-            self.queue.pop_front();
-        }
-        (sent, lost)
-    }
-}
-
-/// A message ready for the engine.
-struct Outgoing {
+/// A message an application submitted, ready for the engine.
+struct AppMessage {
     target: Target,
     service: u16,
     data: Vec<u8>,
@@ -122,7 +81,7 @@ pub(super) struct App {
     /// A remote-memory submission arriving in segments.
     pub(super) rm_assembling: Option<super::rmem_ops::Gathering>,
     /// A complete message the engine could not take yet.
-    blocked: Option<Outgoing>,
+    blocked: Option<AppMessage>,
     /// Notices it owes senders, waiting for room in the transport.
     owed: OwedNotices,
     /// Events waiting for room in the channel (message segments one by one).
@@ -447,7 +406,7 @@ impl AppsHost {
     }
 
     /// Copies a send entry's bytes out; returns the message when it is complete.
-    fn take_send(&mut self, i: usize, e: &Sqe) -> Option<Outgoing> {
+    fn take_send(&mut self, i: usize, e: &Sqe) -> Option<AppMessage> {
         let spare = self.spare.pop();
         let a = &mut self.apps[i];
         let r = a.region;
@@ -510,7 +469,7 @@ impl AppsHost {
             _ => return bad(a),
         };
         bump(&a.info.counters.sent, 1);
-        Some(Outgoing {
+        Some(AppMessage {
             target,
             service: first.service,
             data,
@@ -534,8 +493,8 @@ impl AppsHost {
         i: usize,
         now: Time,
         node: &mut dyn Engine,
-        o: Outgoing,
-    ) -> Result<(), Outgoing> {
+        o: AppMessage,
+    ) -> Result<(), AppMessage> {
         // The transports' notices have a service id of their own: a message an application
         // addressed to it could pass for one, so it is refused here.
         let sent = if o.service == NOTICES {
@@ -721,7 +680,7 @@ impl AppsHost {
             from: Some(self.apps[i].info.service),
             ..MsgOptions::default()
         };
-        let notice = Outgoing {
+        let notice = AppMessage {
             target: Target::Server(src),
             service: src_service,
             data: self.buf.clone(),
@@ -740,7 +699,7 @@ impl AppsHost {
     /// Sends the notices application `i` owes, as far as the transport takes them.
     fn flush_owed(&mut self, i: usize, now: Time, node: &mut dyn Engine) -> usize {
         let a = &mut self.apps[i];
-        if a.owed.queue.is_empty() {
+        if a.owed.is_empty() {
             return 0;
         }
         let (sent, lost) = a
@@ -947,7 +906,7 @@ impl Service for AppsHost {
         for a in &self.apps {
             let r = a.region;
             let tail = r.u32(off::SQ_TAIL).load(Ordering::SeqCst);
-            idle &= tail == a.sq_head && a.blocked.is_none() && a.owed.queue.is_empty();
+            idle &= tail == a.sq_head && a.blocked.is_none() && a.owed.is_empty();
             // Waiting events and room for them: flush before sleeping.
             if !a.backlog.is_empty() {
                 let head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
@@ -963,219 +922,5 @@ impl Service for AppsHost {
                 .u32(off::TORUSD_WAITING)
                 .store(0, Ordering::Relaxed);
         }
-    }
-}
-
-/// The fuzz body of the application channel as torusd reads it (`fuzz/`'s `app_channel`,
-/// and a short run in the tests). The input is what a hostile application writes into its
-/// channel: a count (the first byte, modulo 17), that many submission entries (64 bytes
-/// each), the bytes of its TX data ring, and its tail indices (the last 12 bytes). The host takes or refuses every entry (counted),
-/// or closes the channel, without a panic, and runs on.
-pub fn check_untrusted(data: &[u8]) {
-    let _ = run_channel(data);
-}
-
-/// [`check_untrusted`]'s run: the application's counters after it (messages taken,
-/// entries refused as malformed), `None` when the machine could not make a channel.
-fn run_channel(data: &[u8]) -> Option<(u64, u64)> {
-    use torusnet_client::channel::Geometry;
-    use torusnet_proto::routing::LinkView;
-    const ENTRY: usize = 64;
-    let geo = Geometry {
-        sq_entries: 16,
-        cq_entries: 64,
-        txd_size: 1 << 16,
-        rxd_size: 1 << 16,
-        pool_size: 4096,
-    };
-    let dims: torusnet_proto::topology::Dims = "3x3x1".parse().expect("dims");
-    let here = Coord::new(0, 0, 0);
-    // The machine's limits (descriptors) are not the input's doing: nothing to check then.
-    let Ok(shared) = Shared::detached(dims, here, 1) else {
-        return None;
-    };
-    let len = geo.total() as usize;
-    let (Ok(mem), Ok(efd)) = (sys::memfd("torusnet-fuzz", len), sys::eventfd()) else {
-        return None;
-    };
-    let Ok(map) = Mapping::map(&mem, len) else {
-        return None;
-    };
-    // SAFETY: the mapping lives in the NewApp beside the region, as the listener's does.
-    let Ok(region) = (unsafe { Region::init(map.ptr(), map.len(), geo) }) else {
-        return None;
-    };
-    let (body, indices) = data.split_at(data.len().saturating_sub(12));
-    let count = body.first().map_or(0, |b| usize::from(*b) % 17);
-    let body = body.get(1..).unwrap_or_default();
-    let (entries, txd) = body.split_at(body.len().min(count * ENTRY));
-    let sq = (geo.sq_off(), u64::from(geo.sq_entries) * ENTRY as u64);
-    assert!(region.copy_in(sq, 0, entries));
-    assert!(region.copy_in(region.txd(), 0, &txd[..txd.len().min(1 << 16)]));
-    let mut tail = [0u8; 12];
-    tail[..indices.len()].copy_from_slice(indices);
-    let sq_tail = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
-    let txd_tail = u64::from_le_bytes([
-        tail[4], tail[5], tail[6], tail[7], tail[8], tail[9], tail[10], tail[11],
-    ]);
-    region.u32(off::SQ_TAIL).store(sq_tail, Ordering::Release);
-    region.u64(off::TXD_TAIL).store(txd_tail, Ordering::Release);
-    let info = Arc::new(AppInfo {
-        name: "fuzz".into(),
-        service: 4242,
-        pid: 0,
-        uid: 0,
-        attached: std::time::Instant::now(),
-        adopted: Default::default(),
-        dead: Default::default(),
-        closed_why: Default::default(),
-        counters: Default::default(),
-    });
-    let shared = Arc::new(shared);
-    let app = NewApp {
-        info: info.clone(),
-        map,
-        region,
-        app_efd: efd,
-    };
-    if shared.apps.pending.push(app).is_err() {
-        return None;
-    }
-    let Ok(view) = LinkView::all_up(dims) else {
-        return None;
-    };
-    let Ok(mut node) =
-        torusnet_proto::node::Node::new(here, view, torusnet_proto::transport::Config::default())
-    else {
-        return None;
-    };
-    let mut host = AppsHost::new(shared);
-    for k in 0..3u64 {
-        host.poll(Time::from_nanos(1_000_000 * (k + 1)), &mut node);
-    }
-    let c = &info.counters;
-    Some((
-        c.sent.load(Ordering::Relaxed),
-        c.bad.load(Ordering::Relaxed),
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_short_fuzz_run() {
-        use torusnet_client::channel::{dest, op, pack_coord, sflag, Sqe};
-        let entry = |e: &Sqe| {
-            // The entry as it lies in the ring: its fields in order, little-endian.
-            let mut b = vec![e.op, e.flags, e.dest_kind, e.kind];
-            b.extend_from_slice(&e.service.to_le_bytes());
-            b.extend_from_slice(&e.pad.to_le_bytes());
-            for v in [e.tag, e.dest, e.data_pos] {
-                b.extend_from_slice(&v.to_le_bytes());
-            }
-            for v in [e.data_len, e.total_len, e.buf_id, e.pad2] {
-                b.extend_from_slice(&v.to_le_bytes());
-            }
-            for v in [e.aux, e.aux2] {
-                b.extend_from_slice(&v.to_le_bytes());
-            }
-            assert_eq!(b.len(), 64);
-            b
-        };
-        let send = Sqe {
-            op: op::SEND,
-            flags: sflag::RELIABLE,
-            dest_kind: dest::SERVER,
-            service: 7,
-            tag: 1,
-            dest: pack_coord(1, 0, 0),
-            data_pos: 0,
-            data_len: 100,
-            total_len: 100,
-            ..Sqe::default()
-        };
-        let post = Sqe {
-            op: op::POST_BUFFER,
-            buf_id: 3,
-            data_len: 512,
-            aux: 0,
-            aux2: 0xfeed,
-            ..Sqe::default()
-        };
-        let mut seeds = Vec::new();
-        for entries in [vec![send], vec![post, send], vec![send, send, post]] {
-            let mut b = vec![entries.len() as u8];
-            b.extend(entries.iter().flat_map(entry));
-            let data = 100 * entries.iter().filter(|e| e.op == op::SEND).count();
-            b.extend(std::iter::repeat_n(0x5a, data));
-            b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-            b.extend_from_slice(&(data as u64).to_le_bytes());
-            seeds.push(b);
-        }
-        // The seeds reach the deep end: their messages are taken, nothing refused.
-        for (k, seed) in seeds.iter().enumerate() {
-            let (sent, bad) = run_channel(seed).expect("a channel");
-            assert_eq!((sent, bad), ([1, 1, 2][k], 0), "seed {k}");
-        }
-        let ws = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        torusnet_proto::fuzz::write_seeds(&ws, "app_channel", &seeds);
-        torusnet_proto::fuzz::run(&seeds, 20_000, 29, check_untrusted);
-    }
-
-    fn notice(k: u8) -> Outgoing {
-        Outgoing {
-            target: Target::Server(Coord::new(1, 0, 0)),
-            service: 7,
-            data: vec![k],
-            opts: MsgOptions::default(),
-        }
-    }
-
-    #[test]
-    fn a_notice_the_transport_cannot_take_is_kept_then_sent_in_order() {
-        let mut owed = OwedNotices::default();
-        let room = std::cell::Cell::new(false);
-        let sent = std::cell::RefCell::new(Vec::new());
-        let mut send = |o: &Outgoing| {
-            if room.get() {
-                sent.borrow_mut().push(o.data[0]);
-                Ok(())
-            } else {
-                Err(SendError::WouldBlock)
-            }
-        };
-        // Full transport: every notice is kept, up to the limit; past it, counted lost.
-        let mut lost = 0;
-        for k in 0..MAX_OWED_NOTICES + 3 {
-            lost += owed.send(notice(k as u8), &mut send);
-        }
-        assert_eq!(lost, 3);
-        assert_eq!(owed.queue.len(), MAX_OWED_NOTICES);
-        assert_eq!(owed.flush(&mut send), (0, 0));
-        room.set(true);
-        assert_eq!(owed.flush(&mut send), (MAX_OWED_NOTICES, 0));
-        assert!(owed.queue.is_empty());
-        let got = sent.borrow().clone();
-        let want: Vec<u8> = (0..MAX_OWED_NOTICES).map(|k| k as u8).collect();
-        assert_eq!(got, want, "in the order they were owed");
-        // A notice owed while an older one waits does not overtake it.
-        sent.borrow_mut().clear();
-        room.set(false);
-        assert_eq!(owed.send(notice(1), &mut send), 0);
-        room.set(true);
-        assert_eq!(owed.send(notice(2), &mut send), 0);
-        assert!(sent.borrow().is_empty());
-        assert_eq!(owed.flush(&mut send), (2, 0));
-        assert_eq!(*sent.borrow(), vec![1, 2]);
-    }
-
-    #[test]
-    fn a_notice_refused_for_good_is_counted_lost() {
-        let mut owed = OwedNotices::default();
-        let mut gone = |_: &Outgoing| Err(SendError::Unreachable);
-        assert_eq!(owed.send(notice(1), &mut gone), 1);
-        assert!(owed.queue.is_empty());
     }
 }
