@@ -70,7 +70,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                 Err(e) => return Err(e.to_string()),
             }
         }
-        while let Some(t) = tx.poll_transmit(now, LinkSet::first(2), &links, &mut buf) {
+        while let Some(t) = tx.poll_transmit(now, LinkSet::first(2), &links, &mut buf, None) {
             rx.handle_frame(now, &buf[..t.len])
                 .map_err(|e| e.to_string())?;
         }
@@ -88,7 +88,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                 t.handle_timeout(now);
             }
         }
-        while let Some(t) = rx.poll_transmit(now, LinkSet::first(2), &links, &mut buf) {
+        while let Some(t) = rx.poll_transmit(now, LinkSet::first(2), &links, &mut buf, None) {
             tx.handle_frame(now, &buf[..t.len])
                 .map_err(|e| e.to_string())?;
         }
@@ -202,7 +202,7 @@ fn pass_frames(
 ) -> Result<(), String> {
     let links = |_: Coord| LinkSet::first(1);
     while from.may_transmit() {
-        let Some(t) = from.poll_transmit(now, LinkSet::first(1), &links, buf) else {
+        let Some(t) = from.poll_transmit(now, LinkSet::first(1), &links, buf, None) else {
             break;
         };
         to.handle_frame(now, &buf[..t.len])

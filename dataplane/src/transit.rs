@@ -50,7 +50,7 @@ impl Transit {
             return false;
         }
         self.chunks += descs.len();
-        self.wanted = DirSet::from_bits(self.wanted.bits() | hops.bits());
+        self.wanted = self.wanted.union(hops);
         self.q.push_back(Held {
             hops,
             descs: descs.to_vec(),
@@ -87,9 +87,7 @@ impl Transit {
                 self.q.push_back(h);
             }
         }
-        self.wanted = self.q.iter().fold(DirSet::EMPTY, |s, h| {
-            DirSet::from_bits(s.bits() | h.hops.bits())
-        });
+        self.wanted = self.q.iter().fold(DirSet::EMPTY, |s, h| s.union(h.hops));
         sent
     }
 
@@ -124,7 +122,7 @@ mod tests {
         assert!(t.push(x, &[d(1)], 0));
         assert!(t.push(y, &[d(2), d(3)], 1));
         assert!(!t.push(x, &[d(4)], 0), "over budget");
-        assert_eq!(t.wanted(), DirSet::from_bits(x.bits() | y.bits()));
+        assert_eq!(t.wanted(), x.union(y));
         // Only +y has room: the +x frame keeps waiting, the +y frame goes.
         let mut went = Vec::new();
         assert_eq!(

@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use torusnet_proto::node::Outbound;
 use torusnet_proto::topology::{Dir, DirSet};
 use torusnet_proto::transport::Keep;
 
@@ -150,7 +151,7 @@ impl Links {
                 }
             }
         }
-        DirSet::from_bits(room.bits() & !reserved.bits())
+        room.minus(reserved)
     }
 
     /// Whether a frame can be built now: a link in `room` and a buffer free.
@@ -173,7 +174,7 @@ impl Links {
     pub(crate) fn send_one(
         &mut self,
         room: DirSet,
-        build: impl FnOnce(DirSet, &mut [u8], Option<Keep<'_>>) -> Option<(Dir, usize, bool)>,
+        build: impl FnOnce(DirSet, &mut [u8], Option<Keep<'_>>) -> Option<Outbound>,
     ) -> bool {
         // A frame's descriptors, on the stack: an allocation per frame sent showed in the
         // latency of every round trip.
@@ -211,7 +212,7 @@ impl Links {
         &mut self,
         room: DirSet,
         descs: &mut [XdpDesc; MAX_FRAME_CHUNKS],
-        build: impl FnOnce(DirSet, &mut [u8], Option<Keep<'_>>) -> Option<(Dir, usize, bool)>,
+        build: impl FnOnce(DirSet, &mut [u8], Option<Keep<'_>>) -> Option<Outbound>,
     ) -> Option<(Dir, usize)> {
         let base = self.umem.alloc_slot()?;
         // The engine may keep the frame here for retransmission instead of a copy, while
@@ -226,7 +227,7 @@ impl Links {
         };
         let buf = self.umem.slice_mut(base, self.mtu + 14);
         match build(room, buf, Some(keep)) {
-            Some((dir, len, kept)) => {
+            Some(Outbound { dir, len, kept }) => {
                 let n = len.div_ceil(CHUNK).clamp(1, MAX_FRAME_CHUNKS);
                 for (k, d) in descs[..n].iter_mut().enumerate() {
                     let at = k * CHUNK;
@@ -251,12 +252,12 @@ impl Links {
         &mut self,
         room: DirSet,
         descs: &mut [XdpDesc; MAX_FRAME_CHUNKS],
-        build: impl FnOnce(DirSet, &mut [u8], Option<Keep<'_>>) -> Option<(Dir, usize, bool)>,
+        build: impl FnOnce(DirSet, &mut [u8], Option<Keep<'_>>) -> Option<Outbound>,
     ) -> Option<(Dir, usize)> {
         let addr = self.umem.alloc()?;
         let buf = self.umem.slice_mut(addr, CHUNK);
         match build(room, buf, None) {
-            Some((dir, len, _)) => {
+            Some(Outbound { dir, len, .. }) => {
                 descs[0] = XdpDesc {
                     addr,
                     len: len as u32,

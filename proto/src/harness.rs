@@ -12,7 +12,9 @@ use std::time::Duration;
 use crate::rng::SplitMix64;
 use crate::time::Time;
 use crate::topology::Coord;
-use crate::transport::{Config, Event, Fences, LinkId, LinkSet, Outgoing, SendError, Transport};
+use crate::transport::{
+    Config, Fences, LinkId, LinkSet, Outgoing, SendError, Transport, TransportEvent,
+};
 use crate::wire::ETH_LEN;
 
 /// How each link treats frames.
@@ -535,7 +537,7 @@ pub fn run(sc: &Scenario) -> Report {
                 // A driver skips the call when the transport says it has nothing: it must
                 // never have had a frame then.
                 let may = node.may_transmit();
-                let Some(t) = node.poll_transmit(now, room, &paths, &mut buf) else {
+                let Some(t) = node.poll_transmit(now, room, &paths, &mut buf, None) else {
                     break;
                 };
                 assert!(may, "a frame came out after may_transmit said none");
@@ -543,7 +545,7 @@ pub fn run(sc: &Scenario) -> Report {
             }
         }
         while let Some(e) = b.poll_event() {
-            if let Event::Message { data, reliable, .. } = e {
+            if let TransportEvent::Message { data, reliable, .. } = e {
                 oracle.on_message(&data, reliable);
                 last_delivery = now;
             }

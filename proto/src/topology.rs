@@ -414,6 +414,18 @@ impl DirSet {
         self.0 == 0
     }
 
+    /// The directions in either set.
+    #[must_use]
+    pub const fn union(self, o: DirSet) -> DirSet {
+        DirSet(self.0 | o.0)
+    }
+
+    /// The directions in `self` but not in `o`.
+    #[must_use]
+    pub const fn minus(self, o: DirSet) -> DirSet {
+        DirSet(self.0 & !o.0)
+    }
+
     /// Number of directions in the set.
     pub const fn len(self) -> u32 {
         self.0.count_ones()

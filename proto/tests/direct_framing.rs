@@ -11,7 +11,7 @@ use torusnet_proto::rng::SplitMix64;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{
-    Config, Event, Fences, LinkSet, Outgoing, SendError, Transmit, Transport, TxKind,
+    Config, Fences, LinkSet, Outgoing, SendError, Transmit, Transport, TransportEvent, TxKind,
 };
 
 const A: Coord = Coord::new(0, 0, 0);
@@ -56,9 +56,9 @@ impl Pair {
 
     /// What A has to send now, recorded (and handed to B when `deliver`).
     fn drain_a(&mut self, now: Time, deliver: bool) {
-        while let Some(t) = self
-            .a
-            .poll_transmit(now, LinkSet::first(2), &two_links, &mut self.buf)
+        while let Some(t) =
+            self.a
+                .poll_transmit(now, LinkSet::first(2), &two_links, &mut self.buf, None)
         {
             self.record(now, t.len, deliver);
         }
@@ -80,14 +80,14 @@ impl Pair {
             let mut back = false;
             while let Some(t) =
                 self.b
-                    .poll_transmit(now, LinkSet::first(2), &two_links, &mut self.buf)
+                    .poll_transmit(now, LinkSet::first(2), &two_links, &mut self.buf, None)
             {
                 back = true;
                 let f = self.buf[..t.len].to_vec();
                 self.a.handle_frame(now, &f).expect("A takes B's frame");
             }
             while let Some(e) = self.b.poll_event() {
-                if let Event::Message { data, .. } = e {
+                if let TransportEvent::Message { data, .. } = e {
                     self.got.push(data);
                 }
             }

@@ -1,4 +1,4 @@
-//! Frames the driver keeps: a driver that offers its buffers (`poll_transmit_keeping`) gets
+//! Frames the driver keeps: a driver that offers its buffers (`poll_transmit`) gets
 //! reliable frames kept where they were built instead of copied, reads them back for every
 //! retransmission, and gets every buffer back once its frame is acknowledged or its
 //! connection ends. Driven by hand over a link that loses frames, with a virtual clock.
@@ -10,7 +10,8 @@ use std::time::Duration;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{
-    Config, Event, FailReason, Fences, Keep, KeptFrames, LinkSet, Outgoing, Transport, TxKind,
+    Config, FailReason, Fences, Keep, KeptFrames, LinkSet, Outgoing, Transport, TransportEvent,
+    TxKind,
 };
 
 const A: Coord = Coord::new(0, 0, 0);
@@ -95,7 +96,7 @@ impl Run {
                     handle: Some(handle),
                     frames: &self.store,
                 };
-                let Some(tx) = self.a.poll_transmit_keeping(
+                let Some(tx) = self.a.poll_transmit(
                     self.now,
                     LinkSet::first(1),
                     &one_link,
@@ -127,7 +128,7 @@ impl Run {
             }
             while let Some(tx) =
                 self.b
-                    .poll_transmit(self.now, LinkSet::first(1), &one_link, &mut buf)
+                    .poll_transmit(self.now, LinkSet::first(1), &one_link, &mut buf, None)
             {
                 let _ = self.a.handle_frame(self.now, &buf[..tx.len]);
                 moved = true;
@@ -186,7 +187,7 @@ fn kept_frames_are_resent_from_the_driver_and_all_released() {
         r.pump(7);
         got.extend(
             std::iter::from_fn(|| r.b.poll_event()).filter_map(|e| match e {
-                Event::Message { data, .. } => Some(data),
+                TransportEvent::Message { data, .. } => Some(data),
                 _ => None,
             }),
         );
@@ -243,7 +244,7 @@ fn without_a_handle_the_transport_keeps_its_own_copy() {
         frames: &r.store,
     };
     let tx =
-        r.a.poll_transmit_keeping(r.now, LinkSet::first(1), &one_link, &mut buf, Some(keep))
+        r.a.poll_transmit(r.now, LinkSet::first(1), &one_link, &mut buf, Some(keep))
             .expect("a frame");
     assert_eq!(tx.kind, TxKind::Data);
     assert!(!tx.kept);

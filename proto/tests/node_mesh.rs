@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use torusnet_proto::keyspace;
 use torusnet_proto::node::{
-    Event, Interceptor, MsgOptions, Node, Received, RxAction, Target, Verdict,
+    Event, Interceptor, MsgOptions, Node, Outbound, Received, RxAction, Target, Verdict,
 };
 use torusnet_proto::routing::LinkView;
 use torusnet_proto::time::Time;
@@ -64,8 +64,8 @@ impl Mesh {
                 }
                 loop {
                     let may = self.nodes[i].may_transmit();
-                    let Some((dir, len)) =
-                        self.nodes[i].poll_transmit(self.now, DirSet::ALL, &mut buf)
+                    let Some(Outbound { dir, len, .. }) =
+                        self.nodes[i].poll_transmit(self.now, DirSet::ALL, &mut buf, None)
                     else {
                         break;
                     };
@@ -318,7 +318,9 @@ fn lent_messages_are_those_handle_rx_queues_and_never_overtake() {
     for (k, len) in [(1u8, 1400usize), (2, 40), (3, 300)] {
         tx.send(Time::ZERO, Target::Server(b), 5, &vec![k; len], short)
             .unwrap();
-        let (dir, n) = tx.poll_transmit(Time::ZERO, DirSet::ALL, &mut buf).unwrap();
+        let Outbound { dir, len: n, .. } = tx
+            .poll_transmit(Time::ZERO, DirSet::ALL, &mut buf, None)
+            .unwrap();
         frames.push((dir, buf[..n].to_vec()));
     }
     // Nothing queued: lent, and nothing left to poll.
@@ -422,7 +424,9 @@ fn deliveries(lending: bool, seed: u64) -> (Deliveries, u64, usize) {
         }
         // Frames from the sender, shuffled a little and sometimes repeated.
         let mut out = Vec::new();
-        while let Some((dir, n)) = tx.poll_transmit(now, DirSet::ALL, &mut buf) {
+        while let Some(Outbound { dir, len: n, .. }) =
+            tx.poll_transmit(now, DirSet::ALL, &mut buf, None)
+        {
             out.push((dir, buf[..n].to_vec()));
             if rng.next_u64().is_multiple_of(20) {
                 out.push((dir, buf[..n].to_vec()));
@@ -460,7 +464,9 @@ fn deliveries(lending: bool, seed: u64) -> (Deliveries, u64, usize) {
             }
         }
         // The receiver's handshake, ACKs and NACKs back, in order.
-        while let Some((dir, n)) = rx.poll_transmit(now, DirSet::ALL, &mut buf) {
+        while let Some(Outbound { dir, len: n, .. }) =
+            rx.poll_transmit(now, DirSet::ALL, &mut buf, None)
+        {
             let mut f = buf[..n].to_vec();
             tx.handle_rx(now, dir.opposite(), &mut f);
         }

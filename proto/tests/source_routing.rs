@@ -5,7 +5,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
-use torusnet_proto::node::{DropReason, Event, MsgOptions, Node, RxAction, Target};
+use torusnet_proto::node::{DropReason, Event, MsgOptions, Node, Outbound, RxAction, Target};
 use torusnet_proto::routing::bsr::BsrConfig;
 use torusnet_proto::routing::load::LinkLoad;
 use torusnet_proto::routing::LinkView;
@@ -88,8 +88,8 @@ impl Mesh {
         let mut buf = vec![0u8; 9014];
         let mut moved = false;
         for i in 0..self.nodes.len() {
-            while let Some((dir, len)) =
-                self.nodes[i].poll_transmit(self.now, DirSet::ALL, &mut buf)
+            while let Some(Outbound { dir, len, .. }) =
+                self.nodes[i].poll_transmit(self.now, DirSet::ALL, &mut buf, None)
             {
                 assert!(len <= 1514, "a frame of {len} bytes exceeds the MTU");
                 if buf[offset::KIND] == Kind::Data as u8 {

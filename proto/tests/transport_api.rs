@@ -6,7 +6,8 @@ use std::time::Duration;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{
-    Config, Event, Fences, LinkSet, Outgoing, Placer, RecvError, SendError, Transport, TxKind,
+    Config, Fences, LinkSet, Outgoing, Placer, RecvError, SendError, Transport, TransportEvent,
+    TxKind,
 };
 use torusnet_proto::wire::{self, Dest, FrameView, Header, Kind, HEADERS_LEN};
 
@@ -36,12 +37,12 @@ fn pump(a: &mut Transport, b: &mut Transport, t: Time) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     loop {
         let mut moved = false;
-        while let Some(tx) = a.poll_transmit(t, LinkSet::first(1), &one_link, &mut buf) {
+        while let Some(tx) = a.poll_transmit(t, LinkSet::first(1), &one_link, &mut buf, None) {
             let _ = b.handle_frame(t, &buf[..tx.len]);
             out.push(buf[..tx.len].to_vec());
             moved = true;
         }
-        while let Some(tx) = b.poll_transmit(t, LinkSet::first(1), &one_link, &mut buf) {
+        while let Some(tx) = b.poll_transmit(t, LinkSet::first(1), &one_link, &mut buf, None) {
             let _ = a.handle_frame(t, &buf[..tx.len]);
             moved = true;
         }
@@ -147,7 +148,7 @@ fn bad_frames_are_refused_and_the_transport_keeps_serving() {
     pump(&mut a, &mut b, t);
     assert_eq!(
         b.poll_event(),
-        Some(Event::Message {
+        Some(TransportEvent::Message {
             src: A,
             service: 4,
             data: b"still here".to_vec(),
@@ -169,7 +170,7 @@ fn services_share_a_link_fairly_by_weight() {
     let mut per = [0u32; 3];
     for _ in 0..80 {
         let tx = a
-            .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf)
+            .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf, None)
             .unwrap();
         let v = FrameView::new_checked(&buf[..tx.len]).unwrap();
         // Each frame carries one 1400-byte message of one service (alone, so plain: two
@@ -193,7 +194,7 @@ fn aggregation_deadline_holds_partial_frames() {
     a.send(t0, msg(&[7; 64], 1)).unwrap();
     let mut buf = vec![0u8; 1514];
     assert!(a
-        .poll_transmit(t0, LinkSet::first(1), &one_link, &mut buf)
+        .poll_transmit(t0, LinkSet::first(1), &one_link, &mut buf, None)
         .is_none());
     assert_eq!(a.poll_timeout(), Some(t0 + Duration::from_micros(50)));
     let t1 = t0 + Duration::from_micros(10);
@@ -201,12 +202,12 @@ fn aggregation_deadline_holds_partial_frames() {
         a.send(t1, msg(&[7; 64], 1)).unwrap();
     }
     assert!(a
-        .poll_transmit(t1, LinkSet::first(1), &one_link, &mut buf)
+        .poll_transmit(t1, LinkSet::first(1), &one_link, &mut buf, None)
         .is_none());
     let t2 = t0 + Duration::from_micros(50);
     a.handle_timeout(t2);
     let tx = a
-        .poll_transmit(t2, LinkSet::first(1), &one_link, &mut buf)
+        .poll_transmit(t2, LinkSet::first(1), &one_link, &mut buf, None)
         .unwrap();
     assert_eq!((tx.kind, tx.messages), (TxKind::Data, 6));
     // A full frame goes at once, deadline or not.
@@ -214,7 +215,7 @@ fn aggregation_deadline_holds_partial_frames() {
         a.send(t2, msg(&[7; 64], 1)).unwrap();
     }
     let tx = a
-        .poll_transmit(t2, LinkSet::first(1), &one_link, &mut buf)
+        .poll_transmit(t2, LinkSet::first(1), &one_link, &mut buf, None)
         .unwrap();
     assert_eq!(
         tx.messages, 20,
@@ -245,12 +246,12 @@ fn unreachable_peer_holds_its_messages_only() {
     };
     let mut buf = vec![0u8; 1514];
     let tx = a
-        .poll_transmit(t, LinkSet::first(1), &paths, &mut buf)
+        .poll_transmit(t, LinkSet::first(1), &paths, &mut buf, None)
         .unwrap();
     let v = FrameView::new_checked(&buf[..tx.len]).unwrap();
     assert_eq!(v.dst(), Dest::Server(B));
     assert!(a
-        .poll_transmit(t, LinkSet::first(1), &paths, &mut buf)
+        .poll_transmit(t, LinkSet::first(1), &paths, &mut buf, None)
         .is_none());
     assert_eq!(a.queued_messages(), 1);
 }
@@ -272,7 +273,7 @@ impl Placer for LogPlacer {
 fn messages(t: &mut Transport) -> Vec<(u16, Vec<u8>)> {
     std::iter::from_fn(|| t.poll_event())
         .filter_map(|e| match e {
-            Event::Message { service, data, .. } => Some((service, data)),
+            TransportEvent::Message { service, data, .. } => Some((service, data)),
             _ => None,
         })
         .collect()
@@ -314,7 +315,7 @@ fn placers_take_their_messages_in_delivery_order() {
     let mut buf = vec![0u8; 1514];
     a.send(t, msg(b"first", 6)).unwrap();
     let f1 = a
-        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf)
+        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf, None)
         .map(|tx| buf[..tx.len].to_vec())
         .unwrap();
     let fenced = Outgoing {
@@ -326,7 +327,7 @@ fn placers_take_their_messages_in_delivery_order() {
     };
     a.send(t, fenced).unwrap();
     let f2 = a
-        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf)
+        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf, None)
         .map(|tx| buf[..tx.len].to_vec())
         .unwrap();
     b.handle_frame(t, &f2).unwrap();
@@ -379,7 +380,7 @@ fn messages_for_services_nobody_hosts_are_reported_to_their_senders() {
     assert_eq!(b.stats().refused_no_service, 3);
     let failed: Vec<(u16, Vec<u64>, FailReason)> = std::iter::from_fn(|| a.poll_event())
         .filter_map(|e| match e {
-            Event::Failed {
+            TransportEvent::Failed {
                 peer,
                 service,
                 tags,
@@ -408,7 +409,9 @@ fn messages_for_services_nobody_hosts_are_reported_to_their_senders() {
     send(&mut a, 1, 9, b"e", 14);
     pump(&mut a, &mut b, t);
     assert_eq!(messages(&mut b), [(9, b"e".to_vec())]);
-    assert!(std::iter::from_fn(|| a.poll_event()).all(|e| !matches!(e, Event::Failed { .. })));
+    assert!(
+        std::iter::from_fn(|| a.poll_event()).all(|e| !matches!(e, TransportEvent::Failed { .. }))
+    );
 
     // A service that has fallen behind (its queue full) refuses what comes meanwhile, with
     // its own reason, in the same frame as a message for a service nobody hosts; once it
@@ -425,7 +428,7 @@ fn messages_for_services_nobody_hosts_are_reported_to_their_senders() {
     );
     let mut failed: Vec<(Vec<u64>, FailReason)> = std::iter::from_fn(|| a.poll_event())
         .filter_map(|e| match e {
-            Event::Failed { tags, reason, .. } => Some((tags, reason)),
+            TransportEvent::Failed { tags, reason, .. } => Some((tags, reason)),
             _ => None,
         })
         .collect();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{
-    Config, Event, FailReason, Fences, LinkSet, Outgoing, RecvError, Transport,
+    Config, FailReason, Fences, LinkSet, Outgoing, RecvError, Transport, TransportEvent,
 };
 
 const A: Coord = Coord::new(0, 0, 0);
@@ -43,7 +43,7 @@ fn one_link(_: Coord) -> LinkSet {
 fn drain(from: &mut Transport, t: Time) -> Vec<Vec<u8>> {
     let mut buf = vec![0u8; 1514];
     let mut out = Vec::new();
-    while let Some(tx) = from.poll_transmit(t, LinkSet::first(1), &one_link, &mut buf) {
+    while let Some(tx) = from.poll_transmit(t, LinkSet::first(1), &one_link, &mut buf, None) {
         out.push(buf[..tx.len].to_vec());
     }
     out
@@ -78,14 +78,14 @@ fn pump(a: &mut Transport, b: &mut Transport, mut t: Time) -> Time {
     }
 }
 
-fn events(t: &mut Transport) -> Vec<Event> {
+fn events(t: &mut Transport) -> Vec<TransportEvent> {
     std::iter::from_fn(|| t.poll_event()).collect()
 }
 
-fn delivered(evs: &[Event]) -> Vec<Vec<u8>> {
+fn delivered(evs: &[TransportEvent]) -> Vec<Vec<u8>> {
     evs.iter()
         .filter_map(|e| match e {
-            Event::Message { data, .. } => Some(data.clone()),
+            TransportEvent::Message { data, .. } => Some(data.clone()),
             _ => None,
         })
         .collect()
@@ -106,7 +106,7 @@ fn a_restarted_receiver_never_sees_the_old_stream_and_the_sender_learns_what_fai
     let acked: u32 = events(&mut a)
         .iter()
         .map(|e| match e {
-            Event::Acked {
+            TransportEvent::Acked {
                 count, last_tag, ..
             } => {
                 assert!(*last_tag <= 9);
@@ -139,7 +139,7 @@ fn a_restarted_receiver_never_sees_the_old_stream_and_the_sender_learns_what_fai
     let failed: Vec<u64> = evs
         .iter()
         .flat_map(|e| match e {
-            Event::Failed {
+            TransportEvent::Failed {
                 tags, reason, peer, ..
             } => {
                 assert_eq!(*peer, B);
@@ -152,7 +152,7 @@ fn a_restarted_receiver_never_sees_the_old_stream_and_the_sender_learns_what_fai
     assert_eq!(failed, (10..15).collect::<Vec<u64>>());
     assert!(evs
         .iter()
-        .any(|e| matches!(e, Event::PeerReset { peer, .. } if *peer == B)));
+        .any(|e| matches!(e, TransportEvent::PeerReset { peer, .. } if *peer == B)));
 
     // Re-sending reaches the new B, once each.
     for i in 10..15u64 {
@@ -192,7 +192,7 @@ fn a_restarted_sender_is_announced_and_its_old_frames_are_refused() {
     let evs = events(&mut b);
     assert!(evs.iter().any(|e| matches!(
         e,
-        Event::Failed { tags, reason: FailReason::PeerRestarted, .. } if tags == &[7]
+        TransportEvent::Failed { tags, reason: FailReason::PeerRestarted, .. } if tags == &[7]
     )));
     for f in &old_a_frames {
         assert!(b.handle_frame(t, f).is_err(), "old A's frame refused");
@@ -231,7 +231,7 @@ fn a_silent_peer_breaks_the_connection_and_releases_it() {
             break;
         }
         for e in events(&mut a) {
-            if let Event::Failed { tags, reason, .. } = e {
+            if let TransportEvent::Failed { tags, reason, .. } = e {
                 assert_eq!(reason, FailReason::Silent);
                 failed.extend(tags);
             }
@@ -268,7 +268,7 @@ fn an_unanswered_handshake_fails_its_messages() {
         t = next;
         a.handle_timeout(t);
         let evs = events(&mut a);
-        if let Some(Event::Failed { tags, reason, .. }) = evs.first() {
+        if let Some(TransportEvent::Failed { tags, reason, .. }) = evs.first() {
             assert_eq!(
                 (tags.as_slice(), *reason),
                 (&[3u64][..], FailReason::Silent)

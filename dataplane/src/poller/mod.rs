@@ -312,7 +312,7 @@ impl Poller {
             let room = self.links.room(reserved);
             if !self.links.ready(room)
                 || !self.links.send_one(room, |room, buf, keep| {
-                    node.poll_transmit_keeping(now, room, buf, keep)
+                    node.poll_transmit(now, room, buf, keep)
                 })
             {
                 break;

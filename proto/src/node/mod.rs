@@ -2,7 +2,7 @@
 //! routing, the reliable transport and delivery to services. The AF_XDP dataplane, the
 //! tests and the simulator all drive this same code; they only move bytes.
 //!
-//! Link ids are the link directions (0:+x .. 5:-z), so a `LinkSet` is a `DirSet`'s bits.
+//! Link ids are the link directions (0:+x .. 5:-z): `LinkSet::from(dirs)` is a `DirSet` as links.
 //!
 //! This file holds the [`Node`] type, its construction, settings and events; `send.rs`,
 //! `rx.rs` and `tx.rs` the three ways bytes move, `intercept.rs` on-path services,
@@ -33,7 +33,9 @@ mod types;
 
 pub use intercept::{Interceptor, Verdict};
 use paths::NodePaths;
-pub use types::{DropReason, Event, EventRef, MsgOptions, NodeStats, Received, RxAction, Target};
+pub use types::{
+    DropReason, Event, EventRef, MsgOptions, NodeStats, Outbound, Received, RxAction, Target,
+};
 
 /// A queued key-routed short message.
 #[derive(Debug)]

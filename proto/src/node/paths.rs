@@ -17,8 +17,8 @@ impl<'a> NodePaths<'a> {
 
     fn links(&self, peer: Coord, service: Option<u16>) -> LinkSet {
         match self.source.and_then(|s| s.route_for(peer, service)) {
-            Some(r) => LinkSet(DirSet::EMPTY.with(r.first()).bits()),
-            None => LinkSet(self.routes.next_hops(peer).bits()),
+            Some(r) => LinkSet::from(DirSet::EMPTY.with(r.first())),
+            None => LinkSet::from(self.routes.next_hops(peer)),
         }
     }
 }

@@ -218,15 +218,13 @@ impl Node {
             return Received::Action(RxAction::Drop(DropReason::Malformed));
         };
         // Parsed once, here: the transport takes the header as it is.
-        Received::Action(
-            match self.transport.handle_parsed_lending(now, h, view, lend) {
-                Ok(Some(m)) => return Received::Message(m),
-                Ok(None) => RxAction::Consumed,
-                Err(RecvError::Wire(_)) => RxAction::Drop(DropReason::Malformed),
-                Err(RecvError::FromSelf) => RxAction::Drop(DropReason::BadSource),
-                Err(RecvError::Stale) => RxAction::Drop(DropReason::Stale),
-                Err(_) => RxAction::Drop(DropReason::Transport),
-            },
-        )
+        Received::Action(match self.transport.handle_parsed(now, h, view, lend) {
+            Ok(Some(m)) => return Received::Message(m),
+            Ok(None) => RxAction::Consumed,
+            Err(RecvError::Wire(_)) => RxAction::Drop(DropReason::Malformed),
+            Err(RecvError::FromSelf) => RxAction::Drop(DropReason::BadSource),
+            Err(RecvError::Stale) => RxAction::Drop(DropReason::Stale),
+            Err(_) => RxAction::Drop(DropReason::Transport),
+        })
     }
 }

@@ -121,8 +121,7 @@ impl Node {
     /// frame ([`Node::frames_straight`]) is written into `buf` (`mtu + 14` bytes, or empty
     /// when the driver has no buffer free) when nothing else waits to be sent, on a link in
     /// `room`: the transport's [`send_framing`](transport::Transport::send_framing), with
-    /// the frame's link, length and whether the transport kept `buf` (as
-    /// [`Node::poll_transmit_keeping`] returns them). `Ok(None)`: taken as `send` takes it.
+    /// the frame as [`Node::poll_transmit`] returns it. `Ok(None)`: taken as `send` takes it.
     /// `Err(WouldBlock)` also when such a message cannot go at once: nothing was taken, try
     /// again after the next transmit. While source routes are being written into frames, or
     /// probes or keyed messages wait, it is `send`.
@@ -137,7 +136,7 @@ impl Node {
         room: DirSet,
         buf: &mut [u8],
         keep: Option<transport::Keep<'_>>,
-    ) -> Result<Option<(Dir, usize, bool)>, SendError> {
+    ) -> Result<Option<Outbound>, SendError> {
         let dest = match target {
             Target::Server(c) => Some(c),
             Target::Key(k) if opts.reliable => self.routes.key_root(k),
@@ -161,12 +160,16 @@ impl Node {
         let paths = NodePaths::new(&self.routes, self.source_used.then_some(&self.source));
         let Some(t) =
             self.transport
-                .send_framing(now, m, LinkSet(room.bits()), &paths, buf, keep)?
+                .send_framing(now, m, LinkSet::from(room), &paths, buf, keep)?
         else {
             return Ok(None);
         };
         // The transport's links are the node's directions (`room` came from a DirSet).
         let dir = Dir::from_index(t.link).unwrap_or(Dir::ALL[0]);
-        Ok(Some((dir, t.len, t.kept)))
+        Ok(Some(Outbound {
+            dir,
+            len: t.len,
+            kept: t.kept,
+        }))
     }
 }

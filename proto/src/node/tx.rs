@@ -5,40 +5,39 @@ use super::*;
 impl Node {
     /// The next frame to send, written into `buf` (which holds `mtu + 14` bytes), on one of
     /// the links in `room`.
+    ///
+    /// `keep` is for a driver that can keep `buf` (AF_XDP's UMEM; `None`: frames are copied
+    /// as usual): [`Outbound::kept`] says the transport kept the buffer for retransmission,
+    /// to be held until [`Node::take_released`] names it. Frames are not kept while source
+    /// routing is on (the route is written into the frame after the transport built it).
     pub fn poll_transmit(
         &mut self,
         now: Time,
         room: DirSet,
         buf: &mut [u8],
-    ) -> Option<(Dir, usize)> {
-        self.poll_transmit_keeping(now, room, buf, None)
-            .map(|(d, n, _)| (d, n))
-    }
-
-    /// As [`Node::poll_transmit`], for a driver that can keep `buf` (AF_XDP's UMEM): the
-    /// third value says the transport kept the buffer for retransmission, to be held until
-    /// [`Node::take_released`] names it. Frames are not kept while source routing is on (the
-    /// route is written into the frame after the transport built it).
-    pub fn poll_transmit_keeping(
-        &mut self,
-        now: Time,
-        room: DirSet,
-        buf: &mut [u8],
         keep: Option<transport::Keep<'_>>,
-    ) -> Option<(Dir, usize, bool)> {
+    ) -> Option<Outbound> {
         self.last_now = self.last_now.max(now);
         self.declared = None;
-        let room_links = LinkSet(room.bits());
+        let room_links = LinkSet::from(room);
         if self.source_used {
             if let Some(t) = self
                 .source
                 .poll_transmit(&self.view, &self.routes, room, buf)
             {
-                return Some((t.0, t.1, false));
+                return Some(Outbound {
+                    dir: t.0,
+                    len: t.1,
+                    kept: false,
+                });
             }
         }
-        if let Some((d, n)) = self.poll_key(room, buf) {
-            return Some((d, n, false));
+        if let Some((dir, len)) = self.poll_key(room, buf) {
+            return Some(Outbound {
+                dir,
+                len,
+                kept: false,
+            });
         }
         let paths = NodePaths::new(&self.routes, self.source_used.then_some(&self.source));
         let stamped = self.source_used && self.source.is_enabled();
@@ -48,7 +47,7 @@ impl Node {
         });
         let t = self
             .transport
-            .poll_transmit_keeping(now, room_links, &paths, buf, keep)?;
+            .poll_transmit(now, room_links, &paths, buf, keep)?;
         let dir = Dir::from_index(t.link)?;
         let tail = self.transport.take_declared_tail();
         let len = if stamped {
@@ -61,7 +60,11 @@ impl Node {
             self.declared = tail;
             t.len
         };
-        Some((dir, len, t.kept))
+        Some(Outbound {
+            dir,
+            len,
+            kept: t.kept,
+        })
     }
 
     /// Whether [`Node::poll_transmit`] might have a frame (see
@@ -80,7 +83,7 @@ impl Node {
     }
 
     /// Moves the handles of the driver's buffers the transport no longer keeps into `out`
-    /// ([`Node::poll_transmit_keeping`]).
+    /// ([`Node::poll_transmit`]).
     pub fn take_released(&mut self, out: &mut Vec<u32>) {
         self.transport.take_released(out);
     }

@@ -81,6 +81,19 @@ impl DropReason {
     }
 }
 
+/// A frame [`Node::poll_transmit`] wrote: the link it leaves by, its length, and whether the
+/// transport kept its buffer for retransmission (then the driver holds the buffer until
+/// [`Node::take_released`] names it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outbound {
+    /// The link (direction) to send it on.
+    pub dir: Dir,
+    /// Its length in bytes, Ethernet header included.
+    pub len: usize,
+    /// Kept by the transport: not to be reused until released.
+    pub kept: bool,
+}
+
 /// Something the application learns from the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -133,10 +146,10 @@ pub enum Event {
     },
 }
 
-impl From<transport::Event> for Event {
-    fn from(e: transport::Event) -> Event {
+impl From<transport::TransportEvent> for Event {
+    fn from(e: transport::TransportEvent) -> Event {
         match e {
-            transport::Event::Message {
+            transport::TransportEvent::Message {
                 src,
                 service,
                 data,
@@ -148,7 +161,7 @@ impl From<transport::Event> for Event {
                 reliable,
                 key: None,
             },
-            transport::Event::Acked {
+            transport::TransportEvent::Acked {
                 peer,
                 service,
                 count,
@@ -159,7 +172,7 @@ impl From<transport::Event> for Event {
                 count,
                 last_tag,
             },
-            transport::Event::Failed {
+            transport::TransportEvent::Failed {
                 peer,
                 service,
                 tags,
@@ -170,7 +183,9 @@ impl From<transport::Event> for Event {
                 tags,
                 reason,
             },
-            transport::Event::PeerReset { peer, reason } => Event::PeerReset { peer, reason },
+            transport::TransportEvent::PeerReset { peer, reason } => {
+                Event::PeerReset { peer, reason }
+            }
         }
     }
 }

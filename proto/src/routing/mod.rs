@@ -325,11 +325,11 @@ impl RouteTable {
                 .iter()
                 .filter(|d| self.dims.neighbor(self.local, *d) == nb)
                 .collect();
-            done = DirSet::from_bits(done.bits() | same.bits());
+            done = done.union(same);
             view.bfs(self.dims.index(nb), &mut scratch_dist, &mut scratch_queue);
             for ((h, &d), &dn) in self.hops.iter_mut().zip(&self.dist).zip(&scratch_dist) {
                 if d != UNREACHABLE && d > 0 && dn == d - 1 {
-                    *h = DirSet::from_bits(h.bits() | same.bits());
+                    *h = h.union(same);
                 }
             }
         }

@@ -17,7 +17,7 @@ use super::frame::{FramePool, FrameSlab, SimFrame};
 use super::queue::EventQueue;
 use super::{is_control, Link, SimConfig, SimStats};
 use crate::control::ControlNode;
-use crate::node::{DropReason, Event, MsgOptions, Node, Received, RxAction, Target};
+use crate::node::{DropReason, Event, MsgOptions, Node, Outbound, Received, RxAction, Target};
 use crate::time::Time;
 use crate::topology::{Dir, DirSet};
 use crate::transport::{Lent, SendError};
@@ -298,8 +298,8 @@ impl Part {
     fn send_own(&mut self, ctx: &Ctx, li: usize, room: DirSet) -> bool {
         let now = self.now;
         let mut buf = self.pool.take(ETH_LEN + ctx.cfg.transport.mtu);
-        match self.nodes[li].poll_transmit(now, room, &mut buf) {
-            Some((dir, len)) => {
+        match self.nodes[li].poll_transmit(now, room, &mut buf, None) {
+            Some(Outbound { dir, len, .. }) => {
                 let f = match self.nodes[li].take_declared_tail() {
                     Some((at, fill)) => self.pool.frame_declared(buf, len, at, fill),
                     None => self.pool.frame(buf, len),

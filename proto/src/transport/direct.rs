@@ -80,7 +80,7 @@ impl Transport {
     /// As [`Transport::send`], but a message [`Transport::may_frame_straight`] takes is
     /// written straight into `buf` (which holds `mtu + 14` bytes; an empty one when the
     /// driver has none free) and the frame returned (`Ok(Some(..))`), on a link in `room`,
-    /// as [`Transport::poll_transmit_keeping`] would have built it from the queue. `Ok(None)`:
+    /// as [`Transport::poll_transmit`] would have built it from the queue. `Ok(None)`:
     /// queued as `send` queues it (a small message with something in flight or waiting, or
     /// before its connection's handshake; any message that meets another service's
     /// messages, a repair or an ACK waiting; a small message also when it cannot go at

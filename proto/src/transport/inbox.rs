@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 
-use super::Event;
+use super::TransportEvent;
 use crate::topology::Coord;
 use crate::wire::MSG_HEADER_LEN;
 
@@ -31,14 +31,14 @@ enum Entry {
         start: usize,
         end: usize,
     },
-    Owned(Event),
+    Owned(TransportEvent),
 }
 
 /// An event borrowed from the inbox: messages are slices of its arena, valid until the next
 /// call on the transport. `E` is the owned event type of whoever hands it out (the engine
 /// passes the transport's on with its own).
 #[derive(Debug, PartialEq, Eq)]
-pub enum EventRef<'a, E = Event> {
+pub enum EventRef<'a, E = TransportEvent> {
     /// A message arrived.
     Message {
         /// The server that sent it.
@@ -54,7 +54,7 @@ pub enum EventRef<'a, E = Event> {
     Other(E),
 }
 
-impl<E: From<Event>> EventRef<'_, E> {
+impl<E: From<TransportEvent>> EventRef<'_, E> {
     /// The owned event (copies a borrowed message).
     pub fn into_owned(self) -> E {
         self.into_owned_with(<[u8]>::to_vec)
@@ -69,7 +69,7 @@ impl<E: From<Event>> EventRef<'_, E> {
                 service,
                 data,
                 reliable,
-            } => E::from(Event::Message {
+            } => E::from(TransportEvent::Message {
                 src,
                 service,
                 data: copy(data),
@@ -136,7 +136,7 @@ impl Inbox {
     }
 
     /// Queues an event as it is.
-    pub fn push(&mut self, e: Event) {
+    pub fn push(&mut self, e: TransportEvent) {
         self.entries.push_back(Entry::Owned(e));
     }
 
@@ -151,7 +151,7 @@ impl Inbox {
     }
 
     /// The next event, owned.
-    pub fn pop(&mut self) -> Option<Event> {
+    pub fn pop(&mut self) -> Option<TransportEvent> {
         self.pop_ref().map(EventRef::into_owned)
     }
 
@@ -254,7 +254,7 @@ mod tests {
         let mut q = Inbox::default();
         let a = Coord::new(1, 0, 0);
         q.push_message(a, 7, b"one", true);
-        q.push(Event::PeerReset {
+        q.push(TransportEvent::PeerReset {
             peer: a,
             reason: FailReason::PeerRestarted,
         });
@@ -269,10 +269,10 @@ mod tests {
                 reliable: true
             })
         );
-        assert!(matches!(q.pop(), Some(Event::PeerReset { .. })));
+        assert!(matches!(q.pop(), Some(TransportEvent::PeerReset { .. })));
         assert_eq!(
             q.pop(),
-            Some(Event::Message {
+            Some(TransportEvent::Message {
                 src: a,
                 service: 8,
                 data: b"two".to_vec(),
@@ -308,7 +308,7 @@ mod tests {
         q.push_message(a, 9, b"after", false);
         let got: Vec<(u16, Vec<u8>)> = std::iter::from_fn(|| q.pop())
             .map(|e| match e {
-                Event::Message { service, data, .. } => (service, data),
+                TransportEvent::Message { service, data, .. } => (service, data),
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -339,13 +339,16 @@ mod tests {
         q.push_batch(a, &payload[..n], true);
         assert_eq!(q.len(), 1);
         let first = q.pop();
-        assert!(matches!(first, Some(Event::Message { service: 1, .. })));
+        assert!(matches!(
+            first,
+            Some(TransportEvent::Message { service: 1, .. })
+        ));
         assert!(!q.is_empty());
         q.push_message(a, 9, b"later", true);
         assert_eq!(q.len(), 2);
         let rest: Vec<(u16, Vec<u8>)> = std::iter::from_fn(|| q.pop())
             .map(|e| match e {
-                Event::Message { service, data, .. } => (service, data),
+                TransportEvent::Message { service, data, .. } => (service, data),
                 other => panic!("{other:?}"),
             })
             .collect();

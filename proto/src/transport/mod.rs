@@ -90,7 +90,8 @@ pub use config::Config;
 pub use placer::Placer;
 use placer::Placers;
 pub use types::{
-    Event, Lent, LinkId, LinkSet, Outgoing, Paths, RecvError, SendError, Stats, Transmit, TxKind,
+    Lent, LinkId, LinkSet, Outgoing, Paths, RecvError, SendError, Stats, Transmit, TransportEvent,
+    TxKind,
 };
 
 use frame::{
@@ -140,7 +141,7 @@ pub struct Transport {
     due: Vec<Coord>,
     /// Draws connection ids.
     rng: SplitMix64,
-    /// Services that want [`Event::Acked`].
+    /// Services that want [`TransportEvent::Acked`].
     notify: rustc_hash::FxHashSet<u16>,
     /// Scratch for acknowledged runs.
     acked: Vec<AckedRun>,

@@ -51,7 +51,7 @@ impl Release for Deliver<'_> {
         match self.placers.get(service) {
             Some(p) => {
                 if let Some(data) = p.place(self.now, self.src, data) {
-                    self.inbox.push(Event::Message {
+                    self.inbox.push(TransportEvent::Message {
                         src: self.src,
                         service,
                         data,
@@ -78,24 +78,16 @@ impl Transport {
     /// Handles a frame addressed to this server that the caller has checked and parsed
     /// already (the engine does, to route it): the same as [`Transport::handle_frame`]
     /// without parsing the header a second time.
-    pub fn handle_parsed(
-        &mut self,
-        now: Time,
-        h: &Header,
-        view: FrameView<'_>,
-    ) -> Result<(), RecvError> {
-        self.handle_parsed_lending(now, h, view, false).map(|_| ())
-    }
-
-    /// As [`Transport::handle_parsed`], but a message that nothing is queued ahead of is
-    /// not copied into the inbox when `lend` is set: it is returned, borrowed from the
-    /// frame, for the caller to hand on in its place (as the next event it would have
-    /// polled). A short message is lent as the only one of its frame; a reliable one when
-    /// it is whole in a plain frame, the next of its connection with no fence to wait for,
-    /// and no placer, notice or refusal would take it (it counts as delivered, and its
-    /// frame's acknowledgement may leave). Receiving a jumbo frame's message then costs no
-    /// copy inside the engine.
-    pub fn handle_parsed_lending<'f>(
+    ///
+    /// With `lend` set, a message that nothing is queued ahead of is not copied into the
+    /// inbox: it is returned, borrowed from the frame, for the caller to hand on in its
+    /// place (as the next event it would have polled). A short message is lent as the only
+    /// one of its frame; a reliable one when it is whole in a plain frame, the next of its
+    /// connection with no fence to wait for, and no placer, notice or refusal would take it
+    /// (it counts as delivered, and its frame's acknowledgement may leave). Receiving a
+    /// jumbo frame's message then costs no copy inside the engine. Without `lend`, the
+    /// result is always `Ok(None)` or an error.
+    pub fn handle_parsed<'f>(
         &mut self,
         now: Time,
         h: &Header,
@@ -236,7 +228,7 @@ impl Transport {
                 conn.sent.on_acked(conn.send.una(), &mut acked);
                 for r in &acked {
                     if self.notify.contains(&r.service) {
-                        self.events.push(Event::Acked {
+                        self.events.push(TransportEvent::Acked {
                             peer: h.src,
                             service: r.service,
                             count: r.count,

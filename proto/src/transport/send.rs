@@ -14,7 +14,7 @@ impl Transport {
         self.queues.configure(service, weight, queue_bytes);
     }
 
-    /// Whether `service` gets an [`Event::Acked`] as its reliable messages are acknowledged
+    /// Whether `service` gets an [`TransportEvent::Acked`] as its reliable messages are acknowledged
     /// (failures are always reported).
     pub fn notify_acks(&mut self, service: u16, on: bool) {
         if on {
@@ -116,10 +116,10 @@ impl Transport {
         failed.extend(self.queues.remove_dest(peer));
         self.stats.resets += 1;
         self.report_failed(peer, failed, reason);
-        self.events.push(Event::PeerReset { peer, reason });
+        self.events.push(TransportEvent::PeerReset { peer, reason });
     }
 
-    /// One [`Event::Failed`] per service, tags in send order.
+    /// One [`TransportEvent::Failed`] per service, tags in send order.
     pub(super) fn report_failed(
         &mut self,
         peer: Coord,
@@ -136,7 +136,7 @@ impl Transport {
         }
         for (service, tags) in by_service {
             self.stats.failed_messages += tags.len() as u64;
-            self.events.push(Event::Failed {
+            self.events.push(TransportEvent::Failed {
                 peer,
                 service,
                 tags,
@@ -291,7 +291,7 @@ impl Transport {
     }
 
     /// The next event for the application.
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub fn poll_event(&mut self) -> Option<TransportEvent> {
         self.events.pop()
     }
 

@@ -7,21 +7,13 @@ impl Transport {
     /// Writes the next frame to send into `buf` (which must hold `mtu + 14` bytes), on one
     /// of the links in `room` (those with space in their TX ring). Retransmissions, NACKs
     /// and due ACKs go first, then data in fair-queuing order.
+    ///
+    /// `keep` is for a driver that can keep the buffer (`None`: every frame is copied out as
+    /// usual): a new reliable frame built in `buf` is kept there (`Transmit::kept`) instead
+    /// of copied, when `keep` offers a handle; retransmissions of kept frames are read back
+    /// through `keep`. A driver that passes `keep` once must pass it on every call while it
+    /// has kept frames.
     pub fn poll_transmit(
-        &mut self,
-        now: Time,
-        room: LinkSet,
-        paths: &impl Paths,
-        buf: &mut [u8],
-    ) -> Option<Transmit> {
-        self.poll_transmit_keeping(now, room, paths, buf, None)
-    }
-
-    /// As [`Transport::poll_transmit`], for a driver that can keep the buffer: a new
-    /// reliable frame built in `buf` is kept there (`Transmit::kept`) instead of copied, when
-    /// `keep` offers a handle; retransmissions of kept frames are read back through `keep`.
-    /// A driver that passes `keep` once must pass it on every call while it has kept frames.
-    pub fn poll_transmit_keeping(
         &mut self,
         now: Time,
         room: LinkSet,

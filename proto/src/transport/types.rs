@@ -7,8 +7,18 @@ use super::*;
 pub type LinkId = u8;
 
 /// A set of links, one bit per link id (up to 8 links).
+///
+/// In a torus a link id is its direction, so a [`DirSet`](crate::topology::DirSet) converts
+/// into the same bits (`LinkSet::from`); the transport keeps its own type because it also
+/// runs over links that are not torus directions (two servers wired by several links).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct LinkSet(pub u8);
+
+impl From<crate::topology::DirSet> for LinkSet {
+    fn from(dirs: crate::topology::DirSet) -> LinkSet {
+        LinkSet(dirs.bits())
+    }
+}
 
 impl LinkSet {
     /// How many link ids a set can hold.
@@ -163,7 +173,7 @@ pub enum RecvError {
 
 /// Something the application learns from the transport.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
+pub enum TransportEvent {
     /// A message arrived.
     Message {
         /// The server that sent it.
@@ -211,7 +221,7 @@ pub enum Event {
     },
 }
 
-/// A message handed back by [`Transport::handle_parsed_lending`] (and
+/// A message handed back by [`Transport::handle_parsed`] (with `lend`) (and
 /// `Node::handle_rx_lending`), borrowed from the frame it arrived in, instead of queued in
 /// the inbox: the receiver copies it once, where the consumer keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
