@@ -33,6 +33,17 @@ use crate::time::Time;
 use crate::topology::Coord;
 use crate::wire::{self, msg_flags, MSG_HEADER_LEN};
 
+/// What a take does with bytes the queue holds as a run (one value repeated, kept as its
+/// value alone by a compacting queue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runs {
+    /// Written out into the frame like any other bytes.
+    Write,
+    /// A run that ends the frame is not written: declared to the caller, who writes it or
+    /// carries it as a run ([`Config::declare_tails`](super::Config::declare_tails)).
+    Declare,
+}
+
 /// A message waiting in a service queue (its bytes sit in the queue's byte ring).
 #[derive(Debug, Clone, Copy)]
 pub struct Queued {
@@ -196,15 +207,11 @@ impl ServiceQueue {
     }
 
     /// Copies the next `out.len()` unsent bytes of the head message into `out` and drops them
-    /// from the queue; pops the head when all of it has been taken.
-    pub fn take(&mut self, out: &mut [u8]) {
-        self.take_declaring(out, false);
-    }
-
-    /// [`ServiceQueue::take`], but with `declare`, bytes the head holds as a run are not
-    /// written: the answer says so (`Some((0, value))`: all of `out` is `value`), and the
-    /// caller owns writing them or carrying them as a run.
-    pub fn take_declaring(&mut self, out: &mut [u8], declare: bool) -> Option<(usize, u8)> {
+    /// from the queue; pops the head when all of it has been taken. With [`Runs::Declare`],
+    /// bytes the head holds as a run are not written: the answer says so (`Some((0,
+    /// value))`: all of `out` is `value`), and the caller owns writing them or carrying them
+    /// as a run.
+    pub fn take_head(&mut self, out: &mut [u8], runs: Runs) -> Option<(usize, u8)> {
         let n = out.len();
         let h = self.meta.front()?;
         debug_assert_eq!(h.count(), 1, "a group is taken whole, aggregated");
@@ -217,7 +224,7 @@ impl ServiceQueue {
         let mut declared = None;
         match run {
             Some(v) => {
-                if declare && n > 0 {
+                if runs == Runs::Declare && n > 0 {
                     declared = Some((0, v));
                 } else {
                     out.fill(v);
@@ -292,14 +299,9 @@ impl ServiceQueue {
     }
 
     /// Takes what `plan` (from [`ServiceQueue::plan_aggregate`], nothing changed since)
-    /// names into `out`, which its bytes fill exactly; with `declare`, as
-    /// [`ServiceQueue::take_aggregated_declaring`].
-    pub fn take_planned(
-        &mut self,
-        plan: &Plan,
-        out: &mut [u8],
-        declare: bool,
-    ) -> Option<(usize, u8)> {
+    /// names into `out`, which its bytes fill exactly; `runs` as in
+    /// [`ServiceQueue::take_entries`].
+    pub fn take_planned(&mut self, plan: &Plan, out: &mut [u8], runs: Runs) -> Option<(usize, u8)> {
         let prefix_at = if plan.prefix == 0 {
             out.len()
         } else {
@@ -309,7 +311,7 @@ impl ServiceQueue {
                 .map(|m| MSG_HEADER_LEN + m.len as usize)
                 .sum()
         };
-        let declared = self.take_aggregated_declaring(plan.entries, &mut out[..prefix_at], declare);
+        let declared = self.take_entries(plan.entries, &mut out[..prefix_at], runs);
         if plan.prefix > 0 {
             let taken = out.len() - prefix_at;
             self.bytes.take(&mut out[prefix_at..]);
@@ -325,19 +327,14 @@ impl ServiceQueue {
 
     /// Copies the next `count` entries (messages and groups), none of them partly sent, in
     /// wire form (each message with its aggregated-message header) into `out`, which their
-    /// bytes fill exactly, and pops them.
-    pub fn take_aggregated(&mut self, count: usize, out: &mut [u8]) {
-        self.take_aggregated_declaring(count, out, false);
-    }
-
-    /// [`ServiceQueue::take_aggregated`], but with `declare`, a run that ends `out` (the
-    /// last message's, when it is held as one) is not written: the answer is where it
-    /// starts in `out` and its value, and the caller owns writing it or carrying it as a run.
-    pub fn take_aggregated_declaring(
+    /// bytes fill exactly, and pops them. With [`Runs::Declare`], a run that ends `out` (the
+    /// last message's, when it is held as one) is not written: the answer is where it starts
+    /// in `out` and its value, and the caller owns writing it or carrying it as a run.
+    pub fn take_entries(
         &mut self,
         count: usize,
         out: &mut [u8],
-        declare: bool,
+        runs: Runs,
     ) -> Option<(usize, u8)> {
         let count = count.min(self.meta.len());
         let mut declared = None;
@@ -352,7 +349,8 @@ impl ServiceQueue {
                 self.bytes.take(&mut out[at..body]);
                 match m.run {
                     Some(v) => {
-                        if declare && k + 1 == count && end == out.len() && end > body {
+                        if runs == Runs::Declare && k + 1 == count && end == out.len() && end > body
+                        {
                             declared = Some((body, v));
                         } else {
                             out[body..end].fill(v);
@@ -806,14 +804,14 @@ mod tests {
         fq.push(1, msg(2), b"yo").unwrap();
         let q = fq.queue_mut(0);
         let mut a = [0u8; 3];
-        q.take(&mut a);
+        q.take_head(&mut a, Runs::Write);
         assert_eq!(&a, b"hel");
         assert_eq!(q.head_progress().sent, 3);
         let mut b = [0u8; 2];
-        q.take(&mut b);
+        q.take_head(&mut b, Runs::Write);
         assert_eq!(&b, b"lo");
         assert_eq!(q.len(), 1);
-        q.take(&mut b);
+        q.take_head(&mut b, Runs::Write);
         assert_eq!(&b, b"yo");
         assert!(q.is_empty());
     }
@@ -831,12 +829,12 @@ mod tests {
         fq.push(1, to(1, 12, 2), b"yo").unwrap();
         fq.push(2, to(2, 20, 1), b"z").unwrap();
         let mut part = [0u8; 2];
-        fq.queue_mut(0).take(&mut part);
+        fq.queue_mut(0).take_head(&mut part, Runs::Write);
         assert_eq!(fq.remove_dest(Coord::new(1, 0, 0)), [(1, 10), (1, 12)]);
         let q = fq.queue_mut(0);
         assert_eq!(q.len(), 1);
         let mut b = [0u8; 3];
-        q.take(&mut b);
+        q.take_head(&mut b, Runs::Write);
         assert_eq!(&b, b"abc");
         assert_eq!(fq.total(), 1);
         assert!(fq.remove_dest(Coord::new(9, 0, 0)).is_empty());
@@ -885,8 +883,15 @@ mod tests {
                     let left = u64::from(h.len - a.head_progress().sent);
                     let n = (1 + rng.below(left.max(1))).min(left) as usize;
                     let (mut x, mut y) = (vec![0u8; n], vec![1u8; n]);
-                    a.take(&mut x);
-                    if let Some((at, v)) = b.take_declaring(&mut y, rng.below(2) == 0) {
+                    a.take_head(&mut x, Runs::Write);
+                    if let Some((at, v)) = b.take_head(
+                        &mut y,
+                        if rng.below(2) == 0 {
+                            Runs::Declare
+                        } else {
+                            Runs::Write
+                        },
+                    ) {
                         assert!(y[at..].iter().all(|b| *b == 1), "left unwritten");
                         y[at..].fill(v);
                         declared += 1;
@@ -905,9 +910,13 @@ mod tests {
                         .map(|m| MSG_HEADER_LEN + m.len as usize)
                         .sum();
                     let (mut x, mut y) = (vec![0u8; wire], vec![1u8; wire]);
-                    a.take_aggregated(count, &mut x);
-                    let declare = rng.below(2) == 0;
-                    if let Some((at, v)) = b.take_aggregated_declaring(count, &mut y, declare) {
+                    a.take_entries(count, &mut x, Runs::Write);
+                    let runs = if rng.below(2) == 0 {
+                        Runs::Declare
+                    } else {
+                        Runs::Write
+                    };
+                    if let Some((at, v)) = b.take_entries(count, &mut y, runs) {
                         assert!(y[at..].iter().all(|b| *b == 1), "left unwritten");
                         y[at..].fill(v);
                         declared += 1;
@@ -1033,7 +1042,7 @@ mod tests {
                             });
                             assert_eq!((pj, &tj), (pb, &tb), "step {step}");
                             let mut z = vec![5u8; pj.bytes];
-                            j.take_planned(&pj, &mut z, false);
+                            j.take_planned(&pj, &mut z, Runs::Write);
                             assert_eq!(
                                 (pa.messages, pa.bytes),
                                 (pb.messages, pb.bytes),
@@ -1042,8 +1051,8 @@ mod tests {
                             assert_eq!(ta, tb, "step {step}");
                             prefixes += usize::from(pb.prefix > 0);
                             let (mut x, mut y) = (vec![9u8; pa.bytes], vec![7u8; pb.bytes]);
-                            a.take_planned(&pa, &mut x, false);
-                            b.take_planned(&pb, &mut y, false);
+                            a.take_planned(&pa, &mut x, Runs::Write);
+                            b.take_planned(&pb, &mut y, Runs::Write);
                             assert_eq!(x, y, "step {step}");
                             assert_eq!(z, y, "step {step}");
                         } else {
@@ -1052,9 +1061,9 @@ mod tests {
                             let n = left.min(1 + rng.below(2000)) as usize;
                             let (mut x, mut y) = (vec![0u8; n], vec![1u8; n]);
                             let mut z = vec![2u8; n];
-                            a.take(&mut x);
-                            b.take(&mut y);
-                            j.take(&mut z);
+                            a.take_head(&mut x, Runs::Write);
+                            b.take_head(&mut y, Runs::Write);
+                            j.take_head(&mut z, Runs::Write);
                             assert_eq!(x, y, "step {step}");
                             assert_eq!(z, y, "step {step}");
                         }

@@ -15,7 +15,11 @@ pub(super) fn build_short_frame(
     declared: &mut Option<(usize, u8)>,
 ) -> Transmit {
     let from = q.service;
-    let declare = cfg.declare_tails && cfg.compact_runs;
+    let runs = if cfg.declare_tails && cfg.compact_runs {
+        Runs::Declare
+    } else {
+        Runs::Write
+    };
     let mut t = Transmit {
         kept: false,
         link,
@@ -36,11 +40,11 @@ pub(super) fn build_short_frame(
     let (plen, messages, tail) = if cfg.aggregate {
         h.flags |= flags::AGGREGATED;
         let plan = q.plan_aggregate(room, |_, _| {});
-        let tail = q.take_planned(&plan, &mut payload[..plan.bytes], declare);
+        let tail = q.take_planned(&plan, &mut payload[..plan.bytes], runs);
         (plan.bytes, plan.messages as usize, tail)
     } else {
         let len = (head.len as usize).min(room);
-        let tail = q.take_declaring(&mut payload[..len], declare);
+        let tail = q.take_head(&mut payload[..len], runs);
         (len, 1, tail)
     };
     *declared = tail.map(|(at, v)| (HEADERS_LEN + at, v));
@@ -118,7 +122,7 @@ pub(super) fn build_data_frame(
             conn.sent.on_framed_run(from, m.tags.head(k), msn, seq);
         });
         // The messages wait in wire form: the run is one copy.
-        q.take_planned(&plan, &mut payload[..plan.bytes], false);
+        q.take_planned(&plan, &mut payload[..plan.bytes], Runs::Write);
         // A group the frame took the first messages of stays queued.
         conn.queued = conn.queued.saturating_sub(plan.entries);
         messages = plan.messages;
@@ -130,7 +134,7 @@ pub(super) fn build_data_frame(
     } else if prog.sent == 0 && head.len as usize <= room {
         // One whole message, unaggregated.
         let len = head.len as usize;
-        q.take(&mut payload[..len]);
+        q.take_head(&mut payload[..len], Runs::Write);
         plen = len;
         messages = 1;
         conn.queued = conn.queued.saturating_sub(1);
@@ -177,7 +181,7 @@ pub(super) fn build_data_frame(
             Some(w) => (msn - w) as u32,
             None => 0,
         };
-        q.take(&mut payload[..len]);
+        q.take_head(&mut payload[..len], Runs::Write);
         plen = len;
     }
     let sent = SentFrame {

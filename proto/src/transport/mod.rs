@@ -69,7 +69,7 @@ use completion::AckedRun;
 use connection::{ConnConfig, Connection};
 pub use delivery::Fences;
 use delivery::{DeliveryError, Release};
-use fair_queue::{FairQueue, Joining, Queued, Refused};
+use fair_queue::{FairQueue, Joining, Queued, Refused, Runs};
 pub use hosted::HostedServices;
 pub use inbox::EventRef;
 use inbox::Inbox;
