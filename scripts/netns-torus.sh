@@ -55,11 +55,19 @@ case "$polling" in busy|adaptive) ;; *) echo "netns-torus.sh: --polling is busy 
 state=/run/torusnet/$prefix
 bin=${TORUS_BIN:-$here/target/release}
 
+# Whether PID runs one of our binaries. (Read whole, not piped into `grep -q`: under
+# pipefail a writer cut off by grep's early exit would make the answer "no".)
+ours() {
+  local cmd
+  cmd=$(tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null) || return 1
+  case $cmd in *torusd* | *torusctl*) return 0 ;; *) return 1 ;; esac
+}
+
 stop_daemons() {
   [ -f "$state/pids" ] || return 0
   # Only PIDs we recorded, and only if they still run our binaries.
   while read -r pid; do
-    if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -e torusd -e torusctl; then
+    if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && ours "$pid"; then
       kill -TERM "$pid" 2>/dev/null || true
     fi
   done < "$state/pids"
@@ -72,7 +80,7 @@ stop_daemons() {
     sleep 0.1
   done
   while read -r pid; do
-    if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -e torusd -e torusctl; then
+    if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && ours "$pid"; then
       kill -KILL "$pid" 2>/dev/null || true
     fi
   done < "$state/pids"

@@ -11,7 +11,7 @@ fail() { echo "package-client-deb: $*" >&2; exit 2; }
 for t in dpkg-deb objdump strip; do command -v $t >/dev/null || fail "$t missing (scripts/install-deps.sh --packaging installs it)"; done
 lib=target/release/libtorusnet_client.so
 [ -f "$lib" ] || fail "$lib missing: build first (cargo build --release -p torusnet-client)"
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | awk 'NR == 1')
 [ -n "$version" ] || fail "no version in Cargo.toml's [workspace.package]"
 major=${version%%.*}
 soname=libtorusnet_client.so.$major
@@ -28,13 +28,16 @@ work=$(mktemp -d target/deb-client.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 # What the library needs at run time, as the packages that ship those libraries.
+# No reader here stops before the end of its input: under pipefail, a writer killed by
+# SIGPIPE (ldconfig's 40 KB, once in a few hundred runs) ended the script without a word.
 depends=""
+cache=$(ldconfig -p)
 for needed in $(objdump -p "$lib" | awk '$1 == "NEEDED" { print $2 }'); do
-  path=$(ldconfig -p | awk -v n="$needed" '$1 == n && /x86-64|x86_64|64bit|AArch64/ { print $NF; exit }')
-  [ -n "$path" ] || path=$(ldconfig -p | awk -v n="$needed" '$1 == n { print $NF; exit }')
+  path=$(awk -v n="$needed" '$1 == n && /x86-64|x86_64|64bit|AArch64/ && !p { p = $NF } END { print p }' <<<"$cache")
+  [ -n "$path" ] || path=$(awk -v n="$needed" '$1 == n && !p { p = $NF } END { print p }' <<<"$cache")
   [ -n "$path" ] || fail "cannot find $needed, which $lib needs"
-  pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | head -1 | cut -d: -f1) \
-    || pkg=$(dpkg -S "$path" 2>/dev/null | head -1 | cut -d: -f1) || true
+  pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | awk -F: 'NR == 1 { print $1 }') \
+    || pkg=$(dpkg -S "$path" 2>/dev/null | awk -F: 'NR == 1 { print $1 }') || true
   [ -n "$pkg" ] || fail "no package owns $path ($needed)"
   case ",$depends," in *",$pkg,"*) ;; *) depends=${depends:+$depends,}$pkg ;; esac
 done

@@ -38,4 +38,4 @@ done
 bash scripts/package-client-deb.sh
 # Stripped: the release profile keeps debug info for perf, which the package does not need.
 cargo deb -p torusnet-dataplane --no-build --strip --quiet --output target/debian/ >&2
-ls -t target/debian/torusnet_*.deb | head -1
+ls -t target/debian/torusnet_*.deb | awk 'NR == 1'
