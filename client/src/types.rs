@@ -221,7 +221,7 @@ pub enum Event {
     Written {
         /// The region.
         region: u32,
-        /// Where.
+        /// The byte offset in the region where the write starts.
         offset: u64,
         /// Bytes.
         len: u64,

@@ -96,7 +96,7 @@ pub enum RmEvent {
     Done {
         /// The operation.
         tag: u64,
-        /// How.
+        /// Whether it succeeded, and if not why.
         status: Status,
         /// Bytes moved.
         bytes: u64,
@@ -118,7 +118,7 @@ pub enum RmEvent {
     Written {
         /// The region.
         region: u32,
-        /// Where.
+        /// The byte offset in the region where the write starts.
         offset: u64,
         /// Bytes.
         len: u64,

@@ -57,7 +57,7 @@ pub enum Msg<'a> {
     Result {
         /// The initiator's operation id.
         op: u64,
-        /// How.
+        /// Whether it succeeded, and if not why.
         status: Status,
         /// Bytes moved.
         bytes: u64,
@@ -68,11 +68,11 @@ pub enum Msg<'a> {
         secret: u64,
         /// The operation.
         op: u64,
-        /// Owner, region, offset and bytes written.
+        /// The owner (application) of the region written.
         owner: u16,
         /// The region.
         region: u32,
-        /// Where.
+        /// The byte offset in the region where the write starts.
         offset: u64,
         /// Bytes.
         len: u64,

@@ -73,7 +73,7 @@ pub enum Op {
     Touch(Ttl),
     /// Write.
     Store {
-        /// How.
+        /// Which store it is (set, add, replace, append, prepend, compare-and-swap).
         mode: Mode,
         /// The bytes.
         value: Vec<u8>,
