@@ -124,63 +124,9 @@ impl Transport {
         if h.kind == Kind::Control {
             return Err(RecvError::UnexpectedKind);
         }
-        let aggregated = h.has(flags::AGGREGATED);
-        let mut batch = Batch {
-            messages: 0,
-            plain: true,
-        };
-        if aggregated {
-            // Check every message first: a frame is accepted (and acknowledged) whole or
-            // not at all, so a bad one is never half-delivered.
-            if self.placers.0.is_empty() && self.hosted.is_none() {
-                let (count, union, notices) = wire::check_messages(view.payload(), NOTICES)?;
-                batch.messages = count;
-                batch.plain =
-                    union & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) == 0 && !notices;
-            } else {
-                // A message with a placer, for a service not hosted, or a notice is taken
-                // one at a time.
-                let hosted = self.hosted.as_deref();
-                for m in view.messages() {
-                    let m = m?;
-                    batch.messages += 1;
-                    if m.flags & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) != 0
-                        || m.service == NOTICES
-                        || hosted.is_some_and(|h| !h.takes(m.service))
-                        || self.placers.get(m.service).is_some()
-                    {
-                        batch.plain = false;
-                    }
-                }
-            }
-            if batch.messages == 0 {
-                return Err(RecvError::Wire(WireError::MessageOverrun { at: 0, len: 0 }));
-            }
-        }
+        let batch = self.check_batch(&h, &view)?;
         if h.kind == Kind::Data && !h.has(flags::RELIABLE) {
-            if lend && self.events.is_empty() {
-                // One message (alone, or the only one of an aggregated frame) is lent.
-                let one = if aggregated {
-                    (batch.messages == 1)
-                        .then(|| view.messages().next())
-                        .flatten()
-                        .and_then(Result::ok)
-                        .map(|m| (m.service, m.data))
-                } else {
-                    Some((h.service, view.payload()))
-                };
-                if let Some((service, data)) = one {
-                    self.stats.messages_delivered += 1;
-                    return Ok(Some(Lent {
-                        src: h.src,
-                        service,
-                        data,
-                        reliable: false,
-                    }));
-                }
-            }
-            self.deliver_short(&h, &view, batch);
-            return Ok(None);
+            return Ok(self.receive_short(&h, view, batch, lend));
         }
         if h.kind == Kind::Sync && sync_payload(&view).is_some_and(|(_, f)| f & SYNC_ANNOUNCE != 0)
         {
@@ -215,29 +161,12 @@ impl Transport {
             return Err(RecvError::Stale);
         }
         if h.has(flags::ACK_VALID) {
-            let sack = h.has(flags::SACK_VALID).then_some(h.sack);
-            let retired = conn
-                .send
-                .on_ack(now, h.ack, sack, h.kind == Kind::Nack, &mut self.pool)
-                .unwrap_or(0);
-            conn.send.on_window(h.ack, h.rwnd);
-            if retired > 0 {
-                conn.life.set_waiting(now, waits(conn), true);
-                let mut acked = std::mem::take(&mut self.acked);
-                acked.clear();
-                conn.sent.on_acked(conn.send.una(), &mut acked);
-                for r in &acked {
-                    if self.notify.contains(&r.service) {
-                        self.events.push(TransportEvent::Acked {
-                            peer: h.src,
-                            service: r.service,
-                            count: r.count,
-                            last_tag: r.last_tag,
-                        });
-                    }
-                }
-                self.acked = acked;
-            }
+            let reports = AckReports {
+                notify: &self.notify,
+                acked: &mut self.acked,
+                events: &mut self.events,
+            };
+            take_ack(now, &h, conn, &mut self.pool, reports);
         }
         let mut result = Ok(());
         let mut lent = None;
@@ -310,6 +239,80 @@ impl Transport {
             self.settle_refusals(now, h.src);
         }
         result.map(|()| lent)
+    }
+
+    /// Checks an aggregated frame's messages before anything is taken from it (a frame is
+    /// accepted, and acknowledged, whole or not at all, so a bad message is never
+    /// half-delivered), and says how many it carries and whether they are plain.
+    #[inline(always)]
+    fn check_batch(&mut self, h: &Header, view: &FrameView<'_>) -> Result<Batch, RecvError> {
+        let aggregated = h.has(flags::AGGREGATED);
+        let mut batch = Batch {
+            messages: 0,
+            plain: true,
+        };
+        if aggregated {
+            if self.placers.0.is_empty() && self.hosted.is_none() {
+                let (count, union, notices) = wire::check_messages(view.payload(), NOTICES)?;
+                batch.messages = count;
+                batch.plain =
+                    union & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) == 0 && !notices;
+            } else {
+                // A message with a placer, for a service not hosted, or a notice is taken
+                // one at a time.
+                let hosted = self.hosted.as_deref();
+                for m in view.messages() {
+                    let m = m?;
+                    batch.messages += 1;
+                    if m.flags & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) != 0
+                        || m.service == NOTICES
+                        || hosted.is_some_and(|h| !h.takes(m.service))
+                        || self.placers.get(m.service).is_some()
+                    {
+                        batch.plain = false;
+                    }
+                }
+            }
+            if batch.messages == 0 {
+                return Err(RecvError::Wire(WireError::MessageOverrun { at: 0, len: 0 }));
+            }
+        }
+        Ok(batch)
+    }
+
+    /// A short (unreliable) frame: its one message lent when asked and nothing is queued
+    /// ahead of it, else its messages queued for the application.
+    #[inline(always)]
+    fn receive_short<'f>(
+        &mut self,
+        h: &Header,
+        view: FrameView<'f>,
+        batch: Batch,
+        lend: bool,
+    ) -> Option<Lent<'f>> {
+        if lend && self.events.is_empty() {
+            // One message (alone, or the only one of an aggregated frame) is lent.
+            let one = if h.has(flags::AGGREGATED) {
+                (batch.messages == 1)
+                    .then(|| view.messages().next())
+                    .flatten()
+                    .and_then(Result::ok)
+                    .map(|m| (m.service, m.data))
+            } else {
+                Some((h.service, view.payload()))
+            };
+            if let Some((service, data)) = one {
+                self.stats.messages_delivered += 1;
+                return Some(Lent {
+                    src: h.src,
+                    service,
+                    data,
+                    reliable: false,
+                });
+            }
+        }
+        self.deliver_short(h, &view, batch);
+        None
     }
 
     /// After a frame from `peer`: reports the messages of ours its notices named, and tells
@@ -542,6 +545,50 @@ impl Transport {
                 )
                 .map_err(RecvError::from)
         }
+    }
+}
+
+/// Where the reports of acknowledged messages go: the services that asked for them
+/// (`notify`), through a reused list of acknowledged runs, into the inbox.
+pub(super) struct AckReports<'a> {
+    pub notify: &'a rustc_hash::FxHashSet<u16>,
+    pub acked: &'a mut Vec<AckedRun>,
+    pub events: &'a mut Inbox,
+}
+
+/// Takes the cumulative and selective ACK (or NACK) and the window a frame from the peer
+/// of `conn` carries: frames acknowledged are retired (their buffers back to `pool`), and
+/// the services that asked learn which of their messages were acknowledged.
+#[inline(always)]
+pub(super) fn take_ack(
+    now: Time,
+    h: &Header,
+    conn: &mut Connection,
+    pool: &mut pool::BufferPool,
+    reports: AckReports<'_>,
+) {
+    let sack = h.has(flags::SACK_VALID).then_some(h.sack);
+    let retired = conn
+        .send
+        .on_ack(now, h.ack, sack, h.kind == Kind::Nack, pool)
+        .unwrap_or(0);
+    conn.send.on_window(h.ack, h.rwnd);
+    if retired > 0 {
+        conn.life.set_waiting(now, waits(conn), true);
+        let mut acked = std::mem::take(reports.acked);
+        acked.clear();
+        conn.sent.on_acked(conn.send.una(), &mut acked);
+        for r in &acked {
+            if reports.notify.contains(&r.service) {
+                reports.events.push(TransportEvent::Acked {
+                    peer: h.src,
+                    service: r.service,
+                    count: r.count,
+                    last_tag: r.last_tag,
+                });
+            }
+        }
+        *reports.acked = acked;
     }
 }
 

@@ -88,59 +88,20 @@ impl Transport {
             };
             let local = self.local;
             grant(&self.pacing, &mut self.starved, c);
-            // A frame to send again is copied into `buf` first: from the transport's copy,
-            // or read back from the driver (a kept frame the driver cannot give back is left
-            // for the timeout; an ACK goes instead).
-            let resent = if sync {
-                None
-            } else {
-                match c.send.next_retransmit(now) {
-                    Some(KeptFrame::Owned(b)) => {
-                        buf.get_mut(ETH_LEN..ETH_LEN + b.len()).map(|to| {
-                            to.copy_from_slice(b);
-                            b.len()
-                        })
-                    }
-                    Some(&KeptFrame::Driver { handle, len }) => keep.and_then(|k| {
-                        let len = len as usize;
-                        let to = buf.get_mut(ETH_LEN..ETH_LEN + len)?;
-                        k.frames.copy_kept(handle, ETH_LEN, to).then_some(len)
-                    }),
-                    None => None,
-                }
-            };
             let t = if sync {
-                let mut h = Header::new(Kind::Sync, local, Dest::Server(peer));
-                h.conn = c.life.cid();
-                h.peer_conn = c.life.peer_cid().unwrap_or(0);
-                h.payload_len = SYNC_PAYLOAD as u16;
-                // The handshake carries the first grant: a sender that knew none would
-                // open with a whole window, more than a small receive ring holds.
-                h.rwnd = c.pace.granted;
-                h.emit(buf).ok()?;
-                buf[HEADERS_LEN..HEADERS_LEN + 8]
-                    .copy_from_slice(&self.cfg.incarnation.to_be_bytes());
-                buf[HEADERS_LEN + 8] = 0;
+                let len = frame::build_sync_frame(local, peer, c, self.cfg.incarnation, buf)?;
                 c.life.on_sync_sent(now);
                 self.stats.sync_frames += 1;
                 Transmit {
                     kept: false,
                     link,
-                    len: HEADERS_LEN + SYNC_PAYLOAD,
+                    len,
                     kind: TxKind::Sync,
                     messages: 0,
                     service: None,
                 }
-            } else if let Some(n) = resent {
-                let len = ETH_LEN + n;
-                buf[wire::offset::ETHERTYPE..wire::offset::ETHERTYPE + 2]
-                    .copy_from_slice(&wire::ETHERTYPE_DATA.to_be_bytes());
-                refresh_ack(buf, c);
-                let fl =
-                    u16::from_be_bytes([buf[wire::offset::FLAGS], buf[wire::offset::FLAGS + 1]])
-                        | flags::RETRANSMIT;
-                buf[wire::offset::FLAGS..wire::offset::FLAGS + 2]
-                    .copy_from_slice(&fl.to_be_bytes());
+            } else if let Some(n) = frame::copy_retransmit(now, c, keep, buf) {
+                let len = frame::mark_retransmit(c, n, buf);
                 self.stats.retransmitted_frames += 1;
                 Transmit {
                     kept: false,
@@ -151,15 +112,7 @@ impl Transport {
                     service: None,
                 }
             } else {
-                let kind = if nack { Kind::Nack } else { Kind::Ack };
-                let mut h = Header::new(kind, local, Dest::Server(peer));
-                h.conn = c.life.cid();
-                h.peer_conn = c.life.peer_cid().unwrap_or(0);
-                h.flags = flags::ACK_VALID | flags::SACK_VALID;
-                h.ack = seqnum::truncate(c.recv.cum_ack());
-                h.sack = c.recv.sack_bits();
-                h.rwnd = c.pace.granted;
-                h.emit(buf).ok()?;
+                let len = frame::build_ack_frame(local, peer, c, nack, buf)?;
                 if nack {
                     c.recv.on_nack_sent(now);
                     self.stats.nack_frames += 1;
@@ -170,7 +123,7 @@ impl Transport {
                 Transmit {
                     kept: false,
                     link,
-                    len: HEADERS_LEN,
+                    len,
                     kind: if nack { TxKind::Nack } else { TxKind::Ack },
                     messages: 0,
                     service: None,
