@@ -440,32 +440,10 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         });
     }
     let persisted = read_coord(&cfg.state_file, cfg.dims);
-    let incarnation = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(1);
     // The control plane's clock starts now; take-over instants travel as wall-clock times
     // measured from the same moment.
     let epoch = Instant::now();
-    let epoch_unix_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let mut cc = ControlConfig::new(
-        cfg.node_id,
-        cfg.dims,
-        cfg.links.iter().map(|l| l.1).collect::<DirSet>(),
-    );
-    cc.origin = cfg.origin;
-    cc.coord = persisted;
-    cc.hello = cfg.hello;
-    cc.dead_after = cfg.dead_after;
-    cc.key = cfg.key.clone();
-    cc.incarnation = incarnation;
-    cc.epoch_unix_ns = epoch_unix_ns;
-    if let Some(h) = cfg.join_holddown {
-        cc.join_holddown = h;
-    }
+    let cc = control_config(&cfg, persisted);
     let refresh = cc.refresh;
     let mut node = ControlNode::new(cc);
 
@@ -517,25 +495,10 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     let settle = cfg.hello * 2;
     let mut adjacent_since: Option<Instant> = None;
     let mut ready = false;
-    let mut log: VecDeque<String> = VecDeque::new();
-    let say = |log: &mut VecDeque<String>, s: String| {
-        tracing::info!("{s}");
-        log.push_back(format!("{:.3}s {s}", epoch.elapsed().as_secs_f64()));
-        if log.len() > 50 {
-            log.pop_front();
-        }
-    };
+    let mut journal = Journal::new(epoch);
     if let Some(c) = persisted {
-        say(
-            &mut log,
-            format!("coordinate {c} from {}", cfg.state_file.display()),
-        );
+        journal.say(format!("coordinate {c} from {}", cfg.state_file.display()));
     }
-    let mut refused = 0u64;
-    // A flood of bad control frames costs a line every ten seconds.
-    let mut refuse_log = torusnet_ops::logging::RateLimit::new(Duration::from_secs(10), 1);
-    // Miswirings stay listed (the log rolls over).
-    let mut problems: Vec<String> = Vec::new();
     let mut last_status = Instant::now() - Duration::from_secs(1);
     let mut built_for = None;
     let mut buf = vec![0u8; 2048];
@@ -568,115 +531,29 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
                 std::ptr::null(),
             )
         };
-        for s in &socks {
-            loop {
-                // SAFETY: reading into our buffer.
-                let n = unsafe {
-                    libc::recv(
-                        s.fd.as_raw_fd(),
-                        buf.as_mut_ptr().cast(),
-                        buf.len(),
-                        libc::MSG_DONTWAIT,
-                    )
-                };
-                if n <= 0 {
-                    break;
-                }
-                let n = n as usize;
-                // Our own frames echoed back by AF_PACKET: not for us.
-                if n >= 12 && buf[6..12] == s.mac {
-                    continue;
-                }
-                node.handle_frame(now(), s.dir, &buf[..n]);
-            }
-        }
+        receive(&socks, &mut node, &mut buf, now());
         let t = now();
         if node.poll_timeout().is_some_and(|d| d <= t) {
             node.handle_timeout(t);
         }
-        while let Some((d, mut f)) = node.poll_transmit() {
-            if let Some(s) = socks.iter().find(|s| s.dir == d) {
-                f[6..12].copy_from_slice(&s.mac);
-                if let Some(n) = node.link(d).neighbor {
-                    f[0..6].copy_from_slice(&n.mac);
-                }
-                // SAFETY: sending our buffer on a bound packet socket.
-                unsafe {
-                    libc::send(
-                        s.fd.as_raw_fd(),
-                        f.as_ptr().cast(),
-                        f.len(),
-                        libc::MSG_DONTWAIT,
-                    )
-                };
-            }
-        }
+        transmit(&socks, &mut node);
         while let Some(e) = node.poll_event() {
-            match e {
-                ControlEvent::CoordAssigned(c) => {
-                    say(&mut log, format!("coordinate {c} assigned"));
-                    if let Err(e) = write_coord(&cfg.state_file, c) {
-                        say(
-                            &mut log,
-                            format!(
-                                "cannot persist the coordinate to {}: {e}",
-                                cfg.state_file.display()
-                            ),
-                        );
-                    }
-                }
-                ControlEvent::Miswired { dir, detail } => {
-                    let ifname = socks
-                        .iter()
-                        .find(|s| s.dir == dir)
-                        .map_or("?", |s| s.ifname.as_str());
-                    let line = format!("MISWIRED interface {ifname} ({dir}): {detail}");
-                    if !problems.contains(&line) {
-                        problems.push(line.clone());
-                    }
-                    say(&mut log, line);
-                }
-                ControlEvent::LinkUp(d) => {
-                    let _l = tracing::info_span!("link", link = %d).entered();
-                    say(&mut log, format!("link {d} up"));
-                }
-                ControlEvent::LinkDown(d) => {
-                    let _l = tracing::info_span!("link", link = %d).entered();
-                    say(&mut log, format!("link {d} down"));
-                }
-                ControlEvent::ViewChanged(v) => {
-                    let _l = tracing::info_span!("view", view_version = v).entered();
-                    say(&mut log, format!("view version {v}"));
-                }
-                ControlEvent::Refused(why) => {
-                    refused += 1;
-                    if let Some(held) = refuse_log.allow("refused", Instant::now()) {
-                        tracing::warn!(
-                            total = refused,
-                            held_back = held,
-                            "control frame refused: {why}"
-                        );
-                    }
-                }
-            }
+            journal.record(e, &cfg, &socks);
         }
         if let Some(p) = publisher.as_mut() {
             if republish.swap(false, Ordering::AcqRel) {
-                say(&mut log, "torusd asked for the view".into());
+                journal.say("torusd asked for the view".into());
                 p.reset();
             }
             p.check_alive();
             p.connect();
             let up = p.conn.is_some();
             if up != node.dataplane_up() {
-                say(
-                    &mut log,
-                    if up {
-                        "torusd is back: links advertised".into()
-                    } else {
-                        "torusd is gone: advertising no link until it is back".into()
-                    },
-                );
+                journal.say(if up {
+                    "torusd is back: links advertised".into()
+                } else {
+                    "torusd is gone: advertising no link until it is back".into()
+                });
                 node.set_dataplane(up);
             }
         }
@@ -711,16 +588,177 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
                 &node,
                 &socks,
                 publisher.as_ref(),
-                &log,
-                refused,
+                &journal.log,
+                journal.refused,
                 now(),
             );
-            snap["problems"] = json!(problems);
+            snap["problems"] = json!(journal.problems);
             *status.lock() = snap;
         }
     }
     let _ = std::fs::remove_file(&cfg.socket);
     Ok(())
+}
+
+/// What the control process tells its operator: the last lines of its log (in the status),
+/// the miswirings it found (kept, while the log rolls over), and the control frames it
+/// refused (counted, logged at most once every ten seconds).
+struct Journal {
+    epoch: Instant,
+    log: VecDeque<String>,
+    problems: Vec<String>,
+    refused: u64,
+    refuse_log: torusnet_ops::logging::RateLimit,
+}
+
+impl Journal {
+    /// Lines of the log kept for the status.
+    const LINES: usize = 50;
+
+    fn new(epoch: Instant) -> Journal {
+        Journal {
+            epoch,
+            log: VecDeque::new(),
+            problems: Vec::new(),
+            refused: 0,
+            // A flood of bad control frames costs a line every ten seconds.
+            refuse_log: torusnet_ops::logging::RateLimit::new(Duration::from_secs(10), 1),
+        }
+    }
+
+    fn say(&mut self, s: String) {
+        tracing::info!("{s}");
+        self.log
+            .push_back(format!("{:.3}s {s}", self.epoch.elapsed().as_secs_f64()));
+        if self.log.len() > Self::LINES {
+            self.log.pop_front();
+        }
+    }
+
+    /// Logs what the control state machine reports (and persists an assigned coordinate).
+    fn record(&mut self, e: ControlEvent, cfg: &DaemonConfig, socks: &[LinkSocket]) {
+        match e {
+            ControlEvent::CoordAssigned(c) => {
+                self.say(format!("coordinate {c} assigned"));
+                if let Err(e) = write_coord(&cfg.state_file, c) {
+                    self.say(format!(
+                        "cannot persist the coordinate to {}: {e}",
+                        cfg.state_file.display()
+                    ));
+                }
+            }
+            ControlEvent::Miswired { dir, detail } => {
+                let ifname = socks
+                    .iter()
+                    .find(|s| s.dir == dir)
+                    .map_or("?", |s| s.ifname.as_str());
+                let line = format!("MISWIRED interface {ifname} ({dir}): {detail}");
+                if !self.problems.contains(&line) {
+                    self.problems.push(line.clone());
+                }
+                self.say(line);
+            }
+            ControlEvent::LinkUp(d) => {
+                let _l = tracing::info_span!("link", link = %d).entered();
+                self.say(format!("link {d} up"));
+            }
+            ControlEvent::LinkDown(d) => {
+                let _l = tracing::info_span!("link", link = %d).entered();
+                self.say(format!("link {d} down"));
+            }
+            ControlEvent::ViewChanged(v) => {
+                let _l = tracing::info_span!("view", view_version = v).entered();
+                self.say(format!("view version {v}"));
+            }
+            ControlEvent::Refused(why) => {
+                self.refused += 1;
+                if let Some(held) = self.refuse_log.allow("refused", Instant::now()) {
+                    tracing::warn!(
+                        total = self.refused,
+                        held_back = held,
+                        "control frame refused: {why}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The control state machine's settings from the daemon's, with the coordinate this server
+/// held before it restarted (if it persisted one).
+fn control_config(cfg: &DaemonConfig, persisted: Option<Coord>) -> ControlConfig {
+    let incarnation = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(1);
+    let epoch_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut cc = ControlConfig::new(
+        cfg.node_id,
+        cfg.dims,
+        cfg.links.iter().map(|l| l.1).collect::<DirSet>(),
+    );
+    cc.origin = cfg.origin;
+    cc.coord = persisted;
+    cc.hello = cfg.hello;
+    cc.dead_after = cfg.dead_after;
+    cc.key = cfg.key.clone();
+    cc.incarnation = incarnation;
+    cc.epoch_unix_ns = epoch_unix_ns;
+    if let Some(h) = cfg.join_holddown {
+        cc.join_holddown = h;
+    }
+    cc
+}
+
+/// Hands every control frame waiting on the links' packet sockets to the state machine.
+fn receive(socks: &[LinkSocket], node: &mut ControlNode, buf: &mut [u8], now: Time) {
+    for s in socks {
+        loop {
+            // SAFETY: reading into our buffer.
+            let n = unsafe {
+                libc::recv(
+                    s.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n <= 0 {
+                break;
+            }
+            let n = n as usize;
+            // Our own frames echoed back by AF_PACKET: not for us.
+            if n >= 12 && buf[6..12] == s.mac {
+                continue;
+            }
+            node.handle_frame(now, s.dir, &buf[..n]);
+        }
+    }
+}
+
+/// Sends every frame the state machine has, addressed from the link's MAC to its
+/// neighbour's (once known).
+fn transmit(socks: &[LinkSocket], node: &mut ControlNode) {
+    while let Some((d, mut f)) = node.poll_transmit() {
+        if let Some(s) = socks.iter().find(|s| s.dir == d) {
+            f[6..12].copy_from_slice(&s.mac);
+            if let Some(n) = node.link(d).neighbor {
+                f[0..6].copy_from_slice(&n.mac);
+            }
+            // SAFETY: sending our buffer on a bound packet socket.
+            unsafe {
+                libc::send(
+                    s.fd.as_raw_fd(),
+                    f.as_ptr().cast(),
+                    f.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+        }
+    }
 }
 
 fn snapshot(

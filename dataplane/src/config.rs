@@ -393,78 +393,8 @@ impl NodeConfig {
         if !(576..=9000).contains(&raw.mtu) {
             return Err(bad(format!("mtu: {} is outside 576..=9000", raw.mtu)));
         }
-        let mut links = Vec::new();
-        let mut seen = DirSet::EMPTY;
-        for l in &raw.link {
-            let dir: Dir = l
-                .dir
-                .parse()
-                .map_err(|e| bad(format!("link {}: {e}", l.ifname)))?;
-            if !dims.has_links(dir) {
-                return Err(bad(format!(
-                    "link {}: direction {dir} does not exist in a {dims} torus",
-                    l.ifname
-                )));
-            }
-            if seen.contains(dir) {
-                return Err(bad(format!(
-                    "link {}: direction {dir} configured twice",
-                    l.ifname
-                )));
-            }
-            seen = seen.with(dir);
-            let neighbor_mac = match &l.neighbor_mac {
-                Some(m) => Some(parse_mac(m).ok_or_else(|| {
-                    bad(format!(
-                        "link {}: neighbor_mac {m:?} is not aa:bb:cc:dd:ee:ff",
-                        l.ifname
-                    ))
-                })?),
-                None => None,
-            };
-            links.push(LinkConfig {
-                ifname: l.ifname.clone(),
-                dir,
-                neighbor_mac,
-            });
-        }
-        if links.is_empty() {
-            return Err(bad(
-                "no [[link]] configured: a server needs at least one link".into(),
-            ));
-        }
-        let mut view = LinkView::all_up(dims).map_err(|e| bad(format!("dims: {e}")))?;
-        // Our own unconfigured directions are down: nothing is plugged in there.
-        if let Some(coord) = coord {
-            for d in dims.link_dirs().iter() {
-                if !seen.contains(d) {
-                    view.set_link(coord, d, false)
-                        .map_err(|e| bad(e.to_string()))?;
-                }
-            }
-        }
-        for s in &raw.view.down_links {
-            let (c, d) = s
-                .split_once(':')
-                .ok_or_else(|| bad(format!("view.down_links: {s:?} is not x,y,z:DIR")))?;
-            let c: Coord = c
-                .parse()
-                .map_err(|e| bad(format!("view.down_links: {e}")))?;
-            let d: Dir = d
-                .parse()
-                .map_err(|e| bad(format!("view.down_links: {e}")))?;
-            dims.check(c)
-                .map_err(|e| bad(format!("view.down_links: {e}")))?;
-            view.set_link(c, d, false).map_err(|e| bad(e.to_string()))?;
-        }
-        for s in &raw.view.down_servers {
-            let c: Coord = s
-                .parse()
-                .map_err(|e| bad(format!("view.down_servers: {e}")))?;
-            dims.check(c)
-                .map_err(|e| bad(format!("view.down_servers: {e}")))?;
-            view.set_server(c, false).map_err(|e| bad(e.to_string()))?;
-        }
+        let (links, seen) = link_settings(&raw.link, dims)?;
+        let view = view_settings(&raw.view, dims, coord, seen)?;
         let ncpu = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
@@ -475,46 +405,13 @@ impl NodeConfig {
                 )));
             }
         }
-        let mut transport = TransportConfig {
-            mtu: raw.mtu as usize,
-            ..TransportConfig::default()
-        };
-        if let Some(w) = raw.transport.window {
-            if w == 0 || w > 65536 {
-                return Err(bad(format!("transport.window: {w} is outside 1..=65536")));
-            }
-            transport.window = w;
-        }
-        if let Some(a) = raw.transport.aggregate {
-            transport.aggregate = a;
-        }
-        if let Some(d) = raw.transport.agg_delay_us {
-            transport.agg_delay = std::time::Duration::from_micros(d);
-        }
-        if let Some(q) = raw.transport.queue_bytes {
-            transport.queue_bytes = q;
-        }
-        if let Some(ms) = raw.transport.broken_after_ms {
-            if !(100..=600_000).contains(&ms) {
-                return Err(bad(format!(
-                    "transport.broken_after_ms: {ms} is outside 100..=600000"
-                )));
-            }
-            transport.broken_after = std::time::Duration::from_millis(ms);
-        }
+        let transport = transport_settings(&raw.transport, raw.mtu)?;
         if raw.umem_chunks < 256 {
             return Err(bad(format!(
                 "umem_chunks: {} is below 256",
                 raw.umem_chunks
             )));
         }
-        let max_apps = raw.apps.max.unwrap_or(64);
-        if !(1..=4096).contains(&max_apps) {
-            return Err(bad(format!("apps.max: {max_apps} is outside 1..=4096")));
-        }
-        let apps_socket = raw.apps.socket;
-        let apps_group = raw.apps.group;
-        let apps_on = raw.apps.enabled.unwrap_or(true);
         let name = match (raw.name, coord) {
             (Some(n), _) => n,
             (None, Some(c)) => c.to_string().replace(',', "-"),
@@ -527,18 +424,7 @@ impl NodeConfig {
         let socket = raw
             .socket
             .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}.sock")));
-        // Beside the management socket by default: `X.sock` -> `X-apps.sock`.
-        let apps = apps_on.then(|| AppsConfig {
-            socket: apps_socket.unwrap_or_else(|| {
-                let stem = socket.file_stem().map(|s| s.to_string_lossy().into_owned());
-                socket.with_file_name(format!(
-                    "{}-apps.sock",
-                    stem.unwrap_or_else(|| name.clone())
-                ))
-            }),
-            group: apps_group,
-            max_apps,
-        });
+        let apps = apps_settings(raw.apps, &socket, &name)?;
         // The same defaults as the control process's (`torusctl daemon`).
         let control = raw.control.as_ref();
         let publishes = control
@@ -592,6 +478,160 @@ impl NodeConfig {
             },
         })
     }
+}
+
+/// The `[[link]]` tables: each direction once, existing in the torus, with its
+/// neighbour's MAC when given; and the set of directions configured.
+fn link_settings(raw: &[RawLink], dims: Dims) -> Result<(Vec<LinkConfig>, DirSet), ConfigError> {
+    let bad = |s: String| ConfigError::Invalid(s);
+    let mut links = Vec::new();
+    let mut seen = DirSet::EMPTY;
+    for l in raw {
+        let dir: Dir = l
+            .dir
+            .parse()
+            .map_err(|e| bad(format!("link {}: {e}", l.ifname)))?;
+        if !dims.has_links(dir) {
+            return Err(bad(format!(
+                "link {}: direction {dir} does not exist in a {dims} torus",
+                l.ifname
+            )));
+        }
+        if seen.contains(dir) {
+            return Err(bad(format!(
+                "link {}: direction {dir} configured twice",
+                l.ifname
+            )));
+        }
+        seen = seen.with(dir);
+        let neighbor_mac = match &l.neighbor_mac {
+            Some(m) => Some(parse_mac(m).ok_or_else(|| {
+                bad(format!(
+                    "link {}: neighbor_mac {m:?} is not aa:bb:cc:dd:ee:ff",
+                    l.ifname
+                ))
+            })?),
+            None => None,
+        };
+        links.push(LinkConfig {
+            ifname: l.ifname.clone(),
+            dir,
+            neighbor_mac,
+        });
+    }
+    if links.is_empty() {
+        return Err(bad(
+            "no [[link]] configured: a server needs at least one link".into(),
+        ));
+    }
+    Ok((links, seen))
+}
+
+/// The starting view: every link up but this server's unconfigured directions (nothing is
+/// plugged in there) and the links and servers `[view]` names down.
+fn view_settings(
+    raw: &RawView,
+    dims: Dims,
+    coord: Option<Coord>,
+    seen: DirSet,
+) -> Result<LinkView, ConfigError> {
+    let bad = |s: String| ConfigError::Invalid(s);
+    let mut view = LinkView::all_up(dims).map_err(|e| bad(format!("dims: {e}")))?;
+    // Our own unconfigured directions are down: nothing is plugged in there.
+    if let Some(coord) = coord {
+        for d in dims.link_dirs().iter() {
+            if !seen.contains(d) {
+                view.set_link(coord, d, false)
+                    .map_err(|e| bad(e.to_string()))?;
+            }
+        }
+    }
+    for s in &raw.down_links {
+        let (c, d) = s
+            .split_once(':')
+            .ok_or_else(|| bad(format!("view.down_links: {s:?} is not x,y,z:DIR")))?;
+        let c: Coord = c
+            .parse()
+            .map_err(|e| bad(format!("view.down_links: {e}")))?;
+        let d: Dir = d
+            .parse()
+            .map_err(|e| bad(format!("view.down_links: {e}")))?;
+        dims.check(c)
+            .map_err(|e| bad(format!("view.down_links: {e}")))?;
+        view.set_link(c, d, false).map_err(|e| bad(e.to_string()))?;
+    }
+    for s in &raw.down_servers {
+        let c: Coord = s
+            .parse()
+            .map_err(|e| bad(format!("view.down_servers: {e}")))?;
+        dims.check(c)
+            .map_err(|e| bad(format!("view.down_servers: {e}")))?;
+        view.set_server(c, false).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(view)
+}
+
+/// `[transport]`: the transport's settings over its defaults, each checked.
+fn transport_settings(raw: &RawTransport, mtu: u32) -> Result<TransportConfig, ConfigError> {
+    let bad = |s: String| ConfigError::Invalid(s);
+    let mut transport = TransportConfig {
+        mtu: mtu as usize,
+        ..TransportConfig::default()
+    };
+    if let Some(w) = raw.window {
+        if w == 0 || w > 65536 {
+            return Err(bad(format!("transport.window: {w} is outside 1..=65536")));
+        }
+        transport.window = w;
+    }
+    if let Some(a) = raw.aggregate {
+        transport.aggregate = a;
+    }
+    if let Some(d) = raw.agg_delay_us {
+        transport.agg_delay = std::time::Duration::from_micros(d);
+    }
+    if let Some(q) = raw.queue_bytes {
+        transport.queue_bytes = q;
+    }
+    if let Some(ms) = raw.broken_after_ms {
+        if !(100..=600_000).contains(&ms) {
+            return Err(bad(format!(
+                "transport.broken_after_ms: {ms} is outside 100..=600000"
+            )));
+        }
+        transport.broken_after = std::time::Duration::from_millis(ms);
+    }
+    Ok(transport)
+}
+
+/// `[apps]`: the application socket (beside the management socket `socket` by default:
+/// `X.sock` -> `X-apps.sock`), its group and how many applications it serves; `None` when
+/// applications are turned off.
+fn apps_settings(
+    raw: RawApps,
+    socket: &std::path::Path,
+    name: &str,
+) -> Result<Option<AppsConfig>, ConfigError> {
+    let max_apps = raw.max.unwrap_or(64);
+    if !(1..=4096).contains(&max_apps) {
+        return Err(ConfigError::Invalid(format!(
+            "apps.max: {max_apps} is outside 1..=4096"
+        )));
+    }
+    let apps_socket = raw.socket;
+    let apps_group = raw.group;
+    let apps_on = raw.enabled.unwrap_or(true);
+    Ok(apps_on.then(|| AppsConfig {
+        socket: apps_socket.unwrap_or_else(|| {
+            let stem = socket.file_stem().map(|s| s.to_string_lossy().into_owned());
+            socket.with_file_name(format!(
+                "{}-apps.sock",
+                stem.unwrap_or_else(|| name.to_string())
+            ))
+        }),
+        group: apps_group,
+        max_apps,
+    }))
 }
 
 fn ip_settings(raw: RawIp, dims: Dims) -> Result<Option<crate::ip::IpConfig>, ConfigError> {

@@ -483,107 +483,22 @@ fn answer(ctx: &Ctx, req: Request, out: &mut Vec<u8>) {
             cas,
             noreply,
         } => {
-            let mode = match cmd {
-                StoreCmd::Set | StoreCmd::Cas => Mode::Set,
-                StoreCmd::Add => Mode::Add,
-                StoreCmd::Replace => Mode::Replace,
-                StoreCmd::Append => Mode::Append,
-                StoreCmd::Prepend => Mode::Prepend,
-            };
-            let op = Op::Store {
-                mode,
-                value: data,
-                flags,
-                ttl: ttl(exptime, unix_now()),
-                cas,
-            };
-            let line = match run(ctx, &key, op) {
-                Ok(r) => match outcome(&r) {
-                    Outcome::Stored(_) => "STORED\r\n".to_string(),
-                    Outcome::NotStored => "NOT_STORED\r\n".into(),
-                    Outcome::Exists => "EXISTS\r\n".into(),
-                    Outcome::NotFound => "NOT_FOUND\r\n".into(),
-                    Outcome::Error(e) => format!("SERVER_ERROR {e}\r\n"),
-                    o => format!("SERVER_ERROR unexpected {o:?}\r\n"),
-                },
-                Err(e) => format!("SERVER_ERROR {e}\r\n"),
-            };
-            if !noreply {
-                out.extend_from_slice(line.as_bytes());
-            }
+            let line = store(ctx, cmd, &key, flags, exptime, data, cas);
+            reply(out, &line, noreply);
         }
-        Request::Delete { key, noreply } => {
-            let line = match run(ctx, &key, Op::Delete { cas: None }) {
-                Ok(r) => match outcome(&r) {
-                    Outcome::Deleted => "DELETED\r\n".to_string(),
-                    _ => "NOT_FOUND\r\n".into(),
-                },
-                Err(e) => format!("SERVER_ERROR {e}\r\n"),
-            };
-            if !noreply {
-                out.extend_from_slice(line.as_bytes());
-            }
-        }
+        Request::Delete { key, noreply } => reply(out, &delete(ctx, &key), noreply),
         Request::Arith {
             key,
             incr,
             delta,
             noreply,
-        } => {
-            let op = Op::Arith {
-                incr,
-                delta,
-                init: None,
-            };
-            let line = match run(ctx, &key, op) {
-                Ok(r) => match outcome(&r) {
-                    Outcome::Number(n, _) => format!("{n}\r\n"),
-                    Outcome::NonNumeric => {
-                        "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n".into()
-                    }
-                    Outcome::Error(e) => format!("SERVER_ERROR {e}\r\n"),
-                    _ => "NOT_FOUND\r\n".into(),
-                },
-                Err(e) => format!("SERVER_ERROR {e}\r\n"),
-            };
-            if !noreply {
-                out.extend_from_slice(line.as_bytes());
-            }
-        }
+        } => reply(out, &arith(ctx, &key, incr, delta), noreply),
         Request::Touch {
             key,
             exptime,
             noreply,
-        } => {
-            let line = match run(ctx, &key, Op::Touch(ttl(exptime, unix_now()))) {
-                Ok(r) => match outcome(&r) {
-                    Outcome::Touched => "TOUCHED\r\n".to_string(),
-                    _ => "NOT_FOUND\r\n".into(),
-                },
-                Err(e) => format!("SERVER_ERROR {e}\r\n"),
-            };
-            if !noreply {
-                out.extend_from_slice(line.as_bytes());
-            }
-        }
-        Request::FlushAll { delay, noreply } => {
-            let delay = match ttl(delay, unix_now()) {
-                Ttl::Secs(s) => s,
-                _ => 0,
-            };
-            let (tx, rx) = channel();
-            let line = match ctx.submit.submit(KvRequest::Flush { delay, reply: tx }) {
-                Err(e) => format!("SERVER_ERROR {e}\r\n"),
-                Ok(()) => match rx.recv_timeout(ctx.cfg.timeout) {
-                    Ok(Ok(())) => "OK\r\n".into(),
-                    Ok(Err(e)) => format!("SERVER_ERROR flush incomplete: {e}\r\n"),
-                    Err(_) => "SERVER_ERROR flush timed out\r\n".into(),
-                },
-            };
-            if !noreply {
-                out.extend_from_slice(line.as_bytes());
-            }
-        }
+        } => reply(out, &touch(ctx, &key, exptime), noreply),
+        Request::FlushAll { delay, noreply } => reply(out, &flush_all(ctx, delay), noreply),
         Request::Stats(arg) => stats(ctx, arg.as_deref(), out),
         Request::Version => {
             out.extend_from_slice(
@@ -598,37 +513,143 @@ fn answer(ctx: &Ctx, req: Request, out: &mut Vec<u8>) {
         Request::Quit => {}
         Request::MetaGet { key, meta } => meta_get(ctx, &key, &meta, out),
         Request::MetaSet { key, data, meta } => meta_set(ctx, &key, data, &meta, out),
-        Request::MetaDelete { key, meta } => {
-            let r = run(ctx, &key, Op::Delete { cas: meta.compare });
-            let code = match &r {
-                Err(e) => return server_error(out, e),
-                Ok(r) => match outcome(r) {
-                    Outcome::Deleted => "HD",
-                    Outcome::Exists => "EX",
-                    _ => "NF",
-                },
-            };
-            if !(meta.quiet && code == "HD") {
-                let f = meta_flags(
-                    &Meta {
-                        cas: false,
-                        ..meta.clone()
-                    },
-                    &key,
-                    0,
-                    0,
-                    0,
-                    0,
-                );
-                out.extend_from_slice(format!("{code}{f}\r\n").as_bytes());
-            }
-        }
+        Request::MetaDelete { key, meta } => meta_delete(ctx, &key, &meta, out),
         Request::MetaArith { key, meta } => meta_arith(ctx, &key, &meta, out),
         Request::MetaNoop => out.extend_from_slice(b"MN\r\n"),
         Request::Refused(line) => {
             ctx.counters.client_errors.fetch_add(1, Ordering::Relaxed);
             out.extend_from_slice(line.as_bytes());
         }
+    }
+}
+
+/// Writes `line` unless the client asked for no reply.
+fn reply(out: &mut Vec<u8>, line: &str, noreply: bool) {
+    if !noreply {
+        out.extend_from_slice(line.as_bytes());
+    }
+}
+
+/// `set`, `add`, `replace`, `append`, `prepend`, `cas`: the answer line.
+fn store(
+    ctx: &Ctx,
+    cmd: StoreCmd,
+    key: &[u8],
+    flags: u32,
+    exptime: i64,
+    data: Vec<u8>,
+    cas: Option<u64>,
+) -> String {
+    let mode = match cmd {
+        StoreCmd::Set | StoreCmd::Cas => Mode::Set,
+        StoreCmd::Add => Mode::Add,
+        StoreCmd::Replace => Mode::Replace,
+        StoreCmd::Append => Mode::Append,
+        StoreCmd::Prepend => Mode::Prepend,
+    };
+    let op = Op::Store {
+        mode,
+        value: data,
+        flags,
+        ttl: ttl(exptime, unix_now()),
+        cas,
+    };
+    match run(ctx, key, op) {
+        Ok(r) => match outcome(&r) {
+            Outcome::Stored(_) => "STORED\r\n".to_string(),
+            Outcome::NotStored => "NOT_STORED\r\n".into(),
+            Outcome::Exists => "EXISTS\r\n".into(),
+            Outcome::NotFound => "NOT_FOUND\r\n".into(),
+            Outcome::Error(e) => format!("SERVER_ERROR {e}\r\n"),
+            o => format!("SERVER_ERROR unexpected {o:?}\r\n"),
+        },
+        Err(e) => format!("SERVER_ERROR {e}\r\n"),
+    }
+}
+
+/// `delete`: the answer line.
+fn delete(ctx: &Ctx, key: &[u8]) -> String {
+    match run(ctx, key, Op::Delete { cas: None }) {
+        Ok(r) => match outcome(&r) {
+            Outcome::Deleted => "DELETED\r\n".to_string(),
+            _ => "NOT_FOUND\r\n".into(),
+        },
+        Err(e) => format!("SERVER_ERROR {e}\r\n"),
+    }
+}
+
+/// `incr` and `decr`: the answer line.
+fn arith(ctx: &Ctx, key: &[u8], incr: bool, delta: u64) -> String {
+    let op = Op::Arith {
+        incr,
+        delta,
+        init: None,
+    };
+    match run(ctx, key, op) {
+        Ok(r) => match outcome(&r) {
+            Outcome::Number(n, _) => format!("{n}\r\n"),
+            Outcome::NonNumeric => {
+                "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n".into()
+            }
+            Outcome::Error(e) => format!("SERVER_ERROR {e}\r\n"),
+            _ => "NOT_FOUND\r\n".into(),
+        },
+        Err(e) => format!("SERVER_ERROR {e}\r\n"),
+    }
+}
+
+/// `touch`: the answer line.
+fn touch(ctx: &Ctx, key: &[u8], exptime: i64) -> String {
+    match run(ctx, key, Op::Touch(ttl(exptime, unix_now()))) {
+        Ok(r) => match outcome(&r) {
+            Outcome::Touched => "TOUCHED\r\n".to_string(),
+            _ => "NOT_FOUND\r\n".into(),
+        },
+        Err(e) => format!("SERVER_ERROR {e}\r\n"),
+    }
+}
+
+/// `flush_all`, on every server: the answer line.
+fn flush_all(ctx: &Ctx, delay: i64) -> String {
+    let delay = match ttl(delay, unix_now()) {
+        Ttl::Secs(s) => s,
+        _ => 0,
+    };
+    let (tx, rx) = channel();
+    match ctx.submit.submit(KvRequest::Flush { delay, reply: tx }) {
+        Err(e) => format!("SERVER_ERROR {e}\r\n"),
+        Ok(()) => match rx.recv_timeout(ctx.cfg.timeout) {
+            Ok(Ok(())) => "OK\r\n".into(),
+            Ok(Err(e)) => format!("SERVER_ERROR flush incomplete: {e}\r\n"),
+            Err(_) => "SERVER_ERROR flush timed out\r\n".into(),
+        },
+    }
+}
+
+/// `md` (meta delete): writes its answer.
+fn meta_delete(ctx: &Ctx, key: &[u8], meta: &Meta, out: &mut Vec<u8>) {
+    let r = run(ctx, key, Op::Delete { cas: meta.compare });
+    let code = match &r {
+        Err(e) => return server_error(out, e),
+        Ok(r) => match outcome(r) {
+            Outcome::Deleted => "HD",
+            Outcome::Exists => "EX",
+            _ => "NF",
+        },
+    };
+    if !(meta.quiet && code == "HD") {
+        let f = meta_flags(
+            &Meta {
+                cas: false,
+                ..meta.clone()
+            },
+            key,
+            0,
+            0,
+            0,
+            0,
+        );
+        out.extend_from_slice(format!("{code}{f}\r\n").as_bytes());
     }
 }
 

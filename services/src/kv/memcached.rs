@@ -220,6 +220,121 @@ fn raw(t: &str) -> Vec<u8> {
     t.chars().map(|c| c as u32 as u8).collect()
 }
 
+/// The request of a command that is its line alone (no data block follows): `t` its
+/// tokens, `cmd` the first; an answer to send back as it is for a line memcached refuses.
+fn line_request(cmd: &str, t: &[&str], noreply: bool) -> Request {
+    match cmd {
+        "get" | "gets" => {
+            let keys: Vec<Vec<u8>> = t[1..].iter().map(|k| raw(k)).collect();
+            if keys.is_empty() {
+                return Request::Refused("ERROR\r\n".into());
+            }
+            if !keys.iter().all(|k| valid_key(k)) {
+                return client_error("bad command line format");
+            }
+            Request::Get {
+                keys,
+                cas: cmd == "gets",
+            }
+        }
+        "gat" | "gats" => {
+            let (Some(exptime), true) = (num::<i64>(t.get(1)), t.len() > 2) else {
+                return Request::Refused("ERROR\r\n".into());
+            };
+            let keys: Vec<Vec<u8>> = t[2..].iter().map(|k| raw(k)).collect();
+            if !keys.iter().all(|k| valid_key(k)) {
+                return client_error("bad command line format");
+            }
+            Request::Gat {
+                exptime,
+                keys,
+                cas: cmd == "gats",
+            }
+        }
+        "delete" => match t.get(1) {
+            Some(k) if valid_key(&raw(k)) && (t.len() == 2 || (t.len() == 3 && noreply)) => {
+                Request::Delete {
+                    key: raw(k),
+                    noreply,
+                }
+            }
+            // memcached once took a time argument here; refuse it clearly.
+            Some(_) => client_error("bad command line format.  Usage: delete <key> [noreply]"),
+            None => Request::Refused("ERROR\r\n".into()),
+        },
+        "incr" | "decr" => {
+            let (Some(k), Some(d)) = (t.get(1), t.get(2)) else {
+                return Request::Refused("ERROR\r\n".into());
+            };
+            if !valid_key(&raw(k)) {
+                return client_error("bad command line format");
+            }
+            match d.parse::<u64>() {
+                Ok(delta) => Request::Arith {
+                    key: raw(k),
+                    incr: cmd == "incr",
+                    delta,
+                    noreply,
+                },
+                Err(_) => client_error("invalid numeric delta argument"),
+            }
+        }
+        "touch" => {
+            let (Some(k), Some(e)) = (t.get(1), num::<i64>(t.get(2))) else {
+                return Request::Refused("ERROR\r\n".into());
+            };
+            if !valid_key(&raw(k)) {
+                return client_error("bad command line format");
+            }
+            Request::Touch {
+                key: raw(k),
+                exptime: e,
+                noreply,
+            }
+        }
+        "flush_all" => {
+            let delay = match t.get(1) {
+                Some(&"noreply") | None => 0,
+                Some(d) => match d.parse::<i64>() {
+                    Ok(d) => d,
+                    Err(_) => return client_error("bad command line format"),
+                },
+            };
+            Request::FlushAll { delay, noreply }
+        }
+        // stats takes no noreply: memcached answers it with an error.
+        "stats" if noreply => Request::Refused("ERROR\r\n".into()),
+        "stats" => Request::Stats(t.get(1).map(|s| s.to_string())),
+        // As memcached: arguments are ignored.
+        "version" => Request::Version,
+        // As memcached: one or two arguments (the level is not checked; `noreply`
+        // silences it), anything else is an error.
+        "verbosity" if (2..=3).contains(&t.len()) => Request::Verbosity { noreply },
+        "verbosity" => Request::Refused("ERROR\r\n".into()),
+        "quit" => Request::Quit,
+        "mn" => Request::MetaNoop,
+        "mg" | "md" | "ma" => {
+            let Some(k) = t.get(1) else {
+                return client_error("bad command line format");
+            };
+            if !valid_key(&raw(k)) {
+                return client_error("bad command line format");
+            }
+            let meta = match parse_meta(&t[2..]) {
+                Ok(m) => m,
+                Err(e) => return client_error(&e),
+            };
+            let key = raw(k);
+            match cmd {
+                "mg" => Request::MetaGet { key, meta },
+                "md" => Request::MetaDelete { key, meta },
+                _ => Request::MetaArith { key, meta },
+            }
+        }
+        _ => Request::Refused("ERROR\r\n".into()),
+    }
+}
+
 fn client_error(msg: &str) -> Request {
     Request::Refused(format!("CLIENT_ERROR {msg}\r\n"))
 }
@@ -324,116 +439,7 @@ impl Parser {
             return self.meta_set(&t, used);
         }
         self.consume(used);
-        Some(match cmd {
-            "get" | "gets" => {
-                let keys: Vec<Vec<u8>> = t[1..].iter().map(|k| raw(k)).collect();
-                if keys.is_empty() {
-                    return Some(Request::Refused("ERROR\r\n".into()));
-                }
-                if !keys.iter().all(|k| valid_key(k)) {
-                    return Some(client_error("bad command line format"));
-                }
-                Request::Get {
-                    keys,
-                    cas: cmd == "gets",
-                }
-            }
-            "gat" | "gats" => {
-                let (Some(exptime), true) = (num::<i64>(t.get(1)), t.len() > 2) else {
-                    return Some(Request::Refused("ERROR\r\n".into()));
-                };
-                let keys: Vec<Vec<u8>> = t[2..].iter().map(|k| raw(k)).collect();
-                if !keys.iter().all(|k| valid_key(k)) {
-                    return Some(client_error("bad command line format"));
-                }
-                Request::Gat {
-                    exptime,
-                    keys,
-                    cas: cmd == "gats",
-                }
-            }
-            "delete" => match t.get(1) {
-                Some(k) if valid_key(&raw(k)) && (t.len() == 2 || (t.len() == 3 && noreply)) => {
-                    Request::Delete {
-                        key: raw(k),
-                        noreply,
-                    }
-                }
-                // memcached once took a time argument here; refuse it clearly.
-                Some(_) => client_error("bad command line format.  Usage: delete <key> [noreply]"),
-                None => Request::Refused("ERROR\r\n".into()),
-            },
-            "incr" | "decr" => {
-                let (Some(k), Some(d)) = (t.get(1), t.get(2)) else {
-                    return Some(Request::Refused("ERROR\r\n".into()));
-                };
-                if !valid_key(&raw(k)) {
-                    return Some(client_error("bad command line format"));
-                }
-                match d.parse::<u64>() {
-                    Ok(delta) => Request::Arith {
-                        key: raw(k),
-                        incr: cmd == "incr",
-                        delta,
-                        noreply,
-                    },
-                    Err(_) => client_error("invalid numeric delta argument"),
-                }
-            }
-            "touch" => {
-                let (Some(k), Some(e)) = (t.get(1), num::<i64>(t.get(2))) else {
-                    return Some(Request::Refused("ERROR\r\n".into()));
-                };
-                if !valid_key(&raw(k)) {
-                    return Some(client_error("bad command line format"));
-                }
-                Request::Touch {
-                    key: raw(k),
-                    exptime: e,
-                    noreply,
-                }
-            }
-            "flush_all" => {
-                let delay = match t.get(1) {
-                    Some(&"noreply") | None => 0,
-                    Some(d) => match d.parse::<i64>() {
-                        Ok(d) => d,
-                        Err(_) => return Some(client_error("bad command line format")),
-                    },
-                };
-                Request::FlushAll { delay, noreply }
-            }
-            // stats takes no noreply: memcached answers it with an error.
-            "stats" if noreply => Request::Refused("ERROR\r\n".into()),
-            "stats" => Request::Stats(t.get(1).map(|s| s.to_string())),
-            // As memcached: arguments are ignored.
-            "version" => Request::Version,
-            // As memcached: one or two arguments (the level is not checked; `noreply`
-            // silences it), anything else is an error.
-            "verbosity" if (2..=3).contains(&t.len()) => Request::Verbosity { noreply },
-            "verbosity" => Request::Refused("ERROR\r\n".into()),
-            "quit" => Request::Quit,
-            "mn" => Request::MetaNoop,
-            "mg" | "md" | "ma" => {
-                let Some(k) = t.get(1) else {
-                    return Some(client_error("bad command line format"));
-                };
-                if !valid_key(&raw(k)) {
-                    return Some(client_error("bad command line format"));
-                }
-                let meta = match parse_meta(&t[2..]) {
-                    Ok(m) => m,
-                    Err(e) => return Some(client_error(&e)),
-                };
-                let key = raw(k);
-                match cmd {
-                    "mg" => Request::MetaGet { key, meta },
-                    "md" => Request::MetaDelete { key, meta },
-                    _ => Request::MetaArith { key, meta },
-                }
-            }
-            _ => Request::Refused("ERROR\r\n".into()),
-        })
+        Some(line_request(cmd, &t, noreply))
     }
 
     /// A storage command: its data block follows the line.
