@@ -134,13 +134,16 @@ pub trait Service: Send {
         false
     }
 
-    /// A request from outside; handed back when the service does not understand it.
+    /// A request from outside; handed back when the service does not understand it (the
+    /// default: a service that takes no requests).
     fn on_request(
         &mut self,
-        now: Time,
+        _now: Time,
         request: Request,
-        node: &mut dyn Engine,
-    ) -> Result<(), Request>;
+        _node: &mut dyn Engine,
+    ) -> Result<(), Request> {
+        Err(request)
+    }
 
     /// Sends what is due now; returns how much work it did (0: idle).
     fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize;

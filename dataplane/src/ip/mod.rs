@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use torusnet_proto::node::{Event, MsgOptions, Target};
-use torusnet_proto::service::{Engine, Request, Service};
+use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{Fences, Placer, SendError};
@@ -259,15 +259,6 @@ impl Service for IpService {
             } => add(&self.counters.failed, tags.len() as u64),
             _ => {}
         }
-    }
-
-    fn on_request(
-        &mut self,
-        _now: Time,
-        request: Request,
-        _node: &mut dyn Engine,
-    ) -> Result<(), Request> {
-        Err(request)
     }
 
     fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {

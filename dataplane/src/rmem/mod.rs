@@ -32,7 +32,7 @@ use serde::Serialize;
 use torusnet_client::channel::unpack_coord;
 use torusnet_client::rmem::{Capability, Status};
 use torusnet_proto::node::{Event, MsgOptions, Target};
-use torusnet_proto::service::{Engine, Request, Service};
+use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{Fences, Placer, SendError};
@@ -880,15 +880,6 @@ impl Service for RmemService {
             Event::PeerReset { peer, .. } => self.peer_gone(*peer),
             _ => {}
         }
-    }
-
-    fn on_request(
-        &mut self,
-        _now: Time,
-        request: Request,
-        _node: &mut dyn Engine,
-    ) -> Result<(), Request> {
-        Err(request)
     }
 
     fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {

@@ -330,6 +330,17 @@ pub(super) fn fence_distance(msn: u64, last_fwd: Option<u64>) -> u32 {
     }
 }
 
+/// The header of a frame of the connection itself (SYNC, ACK, NACK) to `peer`: both ends'
+/// connection ids and the receive room granted.
+#[inline(always)]
+fn connection_header(kind: Kind, local: Coord, peer: Coord, c: &Connection) -> Header {
+    let mut h = Header::new(kind, local, Dest::Server(peer));
+    h.conn = c.life.cid();
+    h.peer_conn = c.life.peer_cid().unwrap_or(0);
+    h.rwnd = c.pace.granted;
+    h
+}
+
 /// Writes a SYNC frame to `peer` into `buf`: this connection's ids, the first grant of
 /// receive room, and this server's incarnation; its length, or `None` when `buf` is too
 /// short.
@@ -341,13 +352,10 @@ pub(super) fn build_sync_frame(
     incarnation: u64,
     buf: &mut [u8],
 ) -> Option<usize> {
-    let mut h = Header::new(Kind::Sync, local, Dest::Server(peer));
-    h.conn = c.life.cid();
-    h.peer_conn = c.life.peer_cid().unwrap_or(0);
+    // The handshake carries the first grant (`connection_header`): a sender that knew none
+    // would open with a whole window, more than a small receive ring holds.
+    let mut h = connection_header(Kind::Sync, local, peer, c);
     h.payload_len = SYNC_PAYLOAD as u16;
-    // The handshake carries the first grant: a sender that knew none would open with a
-    // whole window, more than a small receive ring holds.
-    h.rwnd = c.pace.granted;
     h.emit(buf).ok()?;
     buf[HEADERS_LEN..HEADERS_LEN + 8].copy_from_slice(&incarnation.to_be_bytes());
     buf[HEADERS_LEN + 8] = 0;
@@ -366,13 +374,10 @@ pub(super) fn build_ack_frame(
     buf: &mut [u8],
 ) -> Option<usize> {
     let kind = if nack { Kind::Nack } else { Kind::Ack };
-    let mut h = Header::new(kind, local, Dest::Server(peer));
-    h.conn = c.life.cid();
-    h.peer_conn = c.life.peer_cid().unwrap_or(0);
+    let mut h = connection_header(kind, local, peer, c);
     h.flags = flags::ACK_VALID | flags::SACK_VALID;
     h.ack = seqnum::truncate(c.recv.cum_ack());
     h.sack = c.recv.sack_bits();
-    h.rwnd = c.pace.granted;
     h.emit(buf).ok()?;
     Some(HEADERS_LEN)
 }

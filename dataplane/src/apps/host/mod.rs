@@ -21,7 +21,7 @@ use torusnet_client::channel::{
 };
 use torusnet_client::sys::{self, Mapping};
 use torusnet_proto::node::{Event, MsgOptions, Target};
-use torusnet_proto::service::{Engine, Request, Service};
+use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::{FailReason, Fences, Lent, SendError, NOTICES};
@@ -388,11 +388,7 @@ impl AppsHost {
                 }
                 o if super::rmem_ops::is_rmem_op(o) => self.rm_submission(i, &e),
                 _ => {
-                    self.apps[i]
-                        .info
-                        .counters
-                        .bad
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.count_bad(i);
                 }
             }
         }
@@ -538,6 +534,16 @@ impl AppsHost {
         }
     }
 
+    /// Counts a malformed submission or message of application `i` (refused, and shown in
+    /// its counters).
+    fn count_bad(&self, i: usize) {
+        self.apps[i]
+            .info
+            .counters
+            .bad
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A message for application `i` from the torus.
     fn message(&mut self, i: usize, now: Time, node: &mut dyn Engine, m: Incoming<'_>) {
         let Incoming {
@@ -547,11 +553,7 @@ impl AppsHost {
             key,
         } = m;
         if data.len() < APP_HEADER {
-            self.apps[i]
-                .info
-                .counters
-                .bad
-                .fetch_add(1, Ordering::Relaxed);
+            self.count_bad(i);
             return;
         }
         let src_service = u16::from_be_bytes([data[0], data[1]]);
@@ -595,11 +597,7 @@ impl AppsHost {
                 self.enqueue(i, e, body);
             }
             _ => {
-                self.apps[i]
-                    .info
-                    .counters
-                    .bad
-                    .fetch_add(1, Ordering::Relaxed);
+                self.count_bad(i);
             }
         }
     }
@@ -616,11 +614,7 @@ impl AppsHost {
         body: &[u8],
     ) {
         if body.len() < INTO_BUFFER_HEADER {
-            self.apps[i]
-                .info
-                .counters
-                .bad
-                .fetch_add(1, Ordering::Relaxed);
+            self.count_bad(i);
             return;
         }
         let id = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
@@ -855,15 +849,6 @@ impl Service for AppsHost {
                 ..Cqe::default()
             }),
         }
-    }
-
-    fn on_request(
-        &mut self,
-        _now: Time,
-        request: Request,
-        _node: &mut dyn Engine,
-    ) -> Result<(), Request> {
-        Err(request)
     }
 
     fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {
