@@ -5,12 +5,17 @@
 # figure is marginal: the difference between runs of N and 2N messages (round trips) divided
 # by N, so setup and teardown cancel out.
 # Writes bench/results/transport-cost.txt with the top functions of the aggregated run.
+# BIN=path/to/torus-bench measures another build (compare two by their counts), and
+# OUT=file writes there instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release -p torusnet-bench --quiet
-BIN=target/release/torus-bench
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -p torusnet-bench --quiet
+  BIN=target/release/torus-bench
+fi
+OUT=${OUT:-bench/results/transport-cost.txt}
 N=${N:-100000}
 SIZE=${SIZE:-64}
 out=$(mktemp -d)
@@ -26,7 +31,7 @@ count() { # mode messages -> total instructions
   grep -E '^(summary|totals):' "$f" | head -1 | awk '{print $2}'
 }
 
-mkdir -p bench/results
+mkdir -p "$(dirname "$OUT")"
 {
   echo "transport core, instructions per ${SIZE}-byte message (sender + receiver), callgrind"
   echo "machine: $(uname -r), $(nproc) cores, $(rustc --version)"
@@ -45,4 +50,4 @@ mkdir -p bench/results
   echo "top functions (inclusive), aggregation on, 2N messages:"
   callgrind_annotate --inclusive=yes "$out/cg.on.$((2 * N))" 2>/dev/null |
     grep -E 'torusnet|memcpy|malloc|free|realloc' | head -25
-} | tee bench/results/transport-cost.txt
+} | tee "$OUT"

@@ -274,6 +274,49 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// Prints the medians of the alternating runs, and writes every run's figures.
+fn report(a: &Args, app: &[Figures], emb: &[Figures]) -> Result<(), String> {
+    let m = |v: &[Figures], f: fn(&Figures) -> f64| median(v.iter().map(f).collect());
+    let (app_rate, emb_rate) = (m(app, |f| f.messages_per_s), m(emb, |f| f.messages_per_s));
+    let (app_p50, emb_p50) = (m(app, |f| f.rtt.p50), m(emb, |f| f.rtt.p50));
+    let (app_p99, emb_p99) = (m(app, |f| f.rtt.p99), m(emb, |f| f.rtt.p99));
+    println!(
+        "64 B reliable, one veth link, {} polling, median of {} alternating runs:",
+        if a.busy { "busy" } else { "adaptive" },
+        a.runs
+    );
+    println!("  method     messages/s   RTT p50 us   RTT p99 us");
+    println!("  app        {app_rate:>10.0}   {app_p50:>10.1}   {app_p99:>10.1}");
+    println!("  embedded   {emb_rate:>10.0}   {emb_p50:>10.1}   {emb_p99:>10.1}");
+    println!(
+        "  app / embedded: {:.2}x messages/s; RTT p50 {:+.1} us",
+        app_rate / emb_rate,
+        app_p50 - emb_p50
+    );
+    let v = json!({
+        "polling": if a.busy { "busy" } else { "adaptive" },
+        "messages": a.messages,
+        "pings": a.pings,
+        "app": app,
+        "embedded": emb,
+        "median": {
+            "app_messages_per_s": app_rate,
+            "embedded_messages_per_s": emb_rate,
+            "ratio": app_rate / emb_rate,
+            "app_rtt_p50_us": app_p50,
+            "embedded_rtt_p50_us": emb_p50,
+            "rtt_p50_difference_us": app_p50 - emb_p50,
+            "app_rtt_p99_us": app_p99,
+            "embedded_rtt_p99_us": emb_p99,
+        },
+    });
+    if let Some(out) = &a.out {
+        std::fs::write(out, serde_json::to_string_pretty(&v).unwrap_or_default())
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    Ok(())
+}
+
 /// Runs the comparison and prints (and writes) the figures.
 pub fn run(a: &Args) -> Result<(), String> {
     let s = Setup {
@@ -356,43 +399,5 @@ pub fn run(a: &Args) -> Result<(), String> {
         Err(_) => eprintln!("the peer application panicked"),
         Ok(Ok(())) => {}
     }
-    let m = |v: &[Figures], f: fn(&Figures) -> f64| median(v.iter().map(f).collect());
-    let (app_rate, emb_rate) = (m(&app, |f| f.messages_per_s), m(&emb, |f| f.messages_per_s));
-    let (app_p50, emb_p50) = (m(&app, |f| f.rtt.p50), m(&emb, |f| f.rtt.p50));
-    let (app_p99, emb_p99) = (m(&app, |f| f.rtt.p99), m(&emb, |f| f.rtt.p99));
-    println!(
-        "64 B reliable, one veth link, {} polling, median of {} alternating runs:",
-        if a.busy { "busy" } else { "adaptive" },
-        a.runs
-    );
-    println!("  method     messages/s   RTT p50 us   RTT p99 us");
-    println!("  app        {app_rate:>10.0}   {app_p50:>10.1}   {app_p99:>10.1}");
-    println!("  embedded   {emb_rate:>10.0}   {emb_p50:>10.1}   {emb_p99:>10.1}");
-    println!(
-        "  app / embedded: {:.2}x messages/s; RTT p50 {:+.1} us",
-        app_rate / emb_rate,
-        app_p50 - emb_p50
-    );
-    let v = json!({
-        "polling": if a.busy { "busy" } else { "adaptive" },
-        "messages": a.messages,
-        "pings": a.pings,
-        "app": app,
-        "embedded": emb,
-        "median": {
-            "app_messages_per_s": app_rate,
-            "embedded_messages_per_s": emb_rate,
-            "ratio": app_rate / emb_rate,
-            "app_rtt_p50_us": app_p50,
-            "embedded_rtt_p50_us": emb_p50,
-            "rtt_p50_difference_us": app_p50 - emb_p50,
-            "app_rtt_p99_us": app_p99,
-            "embedded_rtt_p99_us": emb_p99,
-        },
-    });
-    if let Some(out) = &a.out {
-        std::fs::write(out, serde_json::to_string_pretty(&v).unwrap_or_default())
-            .map_err(|e| format!("{}: {e}", out.display()))?;
-    }
-    Ok(())
+    report(a, &app, &emb)
 }

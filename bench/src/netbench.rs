@@ -405,12 +405,12 @@ fn machine() -> Value {
 /// One measurement of the suite: given a namespace tag, its JSON result.
 type Step = Box<dyn Fn(&str) -> Result<Value, String>>;
 
-/// `torus-bench suite`: the standard set, about 3-6 minutes here (headline rows run three
-/// times).
-pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
-    let secs = if a.quick { 1.0 } else { 2.0 };
-    let count = if a.quick { 5000 } else { 20_000 };
-    let sizes: &[u64] = if a.quick {
+/// The suite's rows, each a name and the run that measures it (`quick`: shorter runs and
+/// fewer sizes).
+fn suite_steps(quick: bool) -> Vec<(String, Step)> {
+    let secs = if quick { 1.0 } else { 2.0 };
+    let count = if quick { 5000 } else { 20_000 };
+    let sizes: &[u64] = if quick {
         &[64, 8192, 65536]
     } else {
         &[64, 1024, 8192, 65536, 1 << 20]
@@ -518,7 +518,12 @@ pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
             flow(t, &common(65536, 9000, 1, 0, true, true, false), secs, true).map(|p| json!(p))
         }),
     ));
+    steps
+}
 
+/// Runs every row once, and the headline rows `HEADLINE_RUNS` times, interleaved; returns
+/// each row's runs.
+fn run_steps(steps: &[(String, Step)], started: std::time::Instant) -> Vec<Vec<Value>> {
     let bar = ProgressBar::new(steps.len() as u64);
     if std::io::stderr().is_terminal() {
         bar.set_style(
@@ -528,7 +533,6 @@ pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
     } else {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let started = std::time::Instant::now();
     // This machine is noisy: the headline rows run HEADLINE_RUNS times, interleaved with
     // each other (A B C D A B C D ...) so that a slow spell hits every row alike, and
     // report the run with the median figure and the spread of all runs.
@@ -553,6 +557,15 @@ pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
         }
     }
     bar.finish_and_clear();
+    runs
+}
+
+/// `torus-bench suite`: the standard set, about 3-6 minutes here (headline rows run three
+/// times).
+pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
+    let steps = suite_steps(a.quick);
+    let started = std::time::Instant::now();
+    let runs = run_steps(&steps, started);
     let mut results = serde_json::Map::new();
     for ((name, _), rs) in steps.iter().zip(runs) {
         results.insert(name.clone(), median_run(name, rs));
@@ -707,6 +720,14 @@ pub fn summarize(report: &Value) -> String {
         f(report, &["seconds"])
     );
     s += "Every row was measured in this run; ratios compare with baselines measured on the same link in the same run. Sender pinned to core 0, receiver to core 1, busy polling unless marked adaptive.\n\n## Headlines\n\n";
+    add_headlines(&mut s, r);
+    s += "\n";
+    add_tables(&mut s, r);
+    s
+}
+
+/// The summary's headline lines: each measured row against its own run's baseline.
+fn add_headlines(s: &mut String, r: &Value) {
     let (na, nj, np, npr) = (
         "64 B reliable, aggregation on",
         "9000 B reliable, MTU 9000",
@@ -714,7 +735,7 @@ pub fn summarize(report: &Value) -> String {
         "RTT, 64 B reliable messages",
     );
     let agg = &r[na];
-    s += &headline("64-byte reliable messages with aggregation", &[(na, agg)], format!(
+    *s += &headline("64-byte reliable messages with aggregation", &[(na, agg)], format!(
         "- 64-byte reliable messages with aggregation: **{:.2} M messages/s = {:.2}x** kernel UDP's 64-byte datagrams/s{} (blocking receive: {:.2} M/s; busy-poll receive: {:.2} M/s).\n",
         f(agg, &["torusnet", "messages_per_s"]) / 1e6,
         f(agg, &["messages_per_s_over_udp"]),
@@ -723,7 +744,7 @@ pub fn summarize(report: &Value) -> String {
         f(agg, &["udp_busy_poll", "messages_per_s"]) / 1e6,
     ));
     let j = &r[nj];
-    s += &headline("Reliable 9000-byte messages", &[(nj, j)], format!(
+    *s += &headline("Reliable 9000-byte messages", &[(nj, j)], format!(
         "- Reliable 9000-byte messages (MTU 9000): **{:.2} Gb/s = {:.2}x raw AF_XDP's {:.2} Gb/s**{} (same frames, no protocol).\n",
         f(j, &["torusnet", "goodput_gbps"]),
         f(j, &["goodput_over_raw"]),
@@ -733,7 +754,7 @@ pub fn summarize(report: &Value) -> String {
     let p = &r[np];
     let pr = &r[npr];
     // Each row against the raw AF_XDP round trip measured in that row's own run.
-    s += &headline("Ping-pong RTT, 64 B", &[(np, p), (npr, pr)], format!(
+    *s += &headline("Ping-pong RTT, 64 B", &[(np, p), (npr, pr)], format!(
         "- Ping-pong RTT, 64 B: torusnet reliable **p50 {:.1} us = {:.2}x raw AF_XDP's {:.1} us**{} (p99 {:.1} / {:.1}); short **p50 {:.1} us = {:.2}x raw AF_XDP's {:.1} us**{} (p99 {:.1} / {:.1}); UDP busy poll p50 {:.1} / p99 {:.1}; UDP blocking p50 {:.1} / p99 {:.1}.\n",
         f(pr, &["torusnet", "p50"]), f(pr, &["torusnet_p50_over_raw"]), f(pr, &["raw_afxdp", "p50"]), spread(pr, 2),
         f(pr, &["torusnet", "p99"]), f(pr, &["raw_afxdp", "p99"]),
@@ -744,7 +765,7 @@ pub fn summarize(report: &Value) -> String {
     ));
     let (n1, n2) = ("1 link(s), 64 KiB, MTU 9000", "2 link(s), 64 KiB, MTU 9000");
     let (l1, l2) = (&r[n1], &r[n2]);
-    s += &headline("1 vs 2 links", &[(n1, l1), (n2, l2)], format!(
+    *s += &headline("1 vs 2 links", &[(n1, l1), (n2, l2)], format!(
         "- 1 vs 2 links (64 KiB reliable, MTU 9000): {:.2} vs {:.2} Gb/s (raw AF_XDP on one link: {:.2}).\n",
         f(l1, &["torusnet", "goodput_gbps"]),
         f(l2, &["torusnet", "goodput_gbps"]),
@@ -768,7 +789,7 @@ pub fn summarize(report: &Value) -> String {
         .iter()
         .map(|n| (n.as_str(), &r[n.as_str()]))
         .collect();
-    s += &headline(
+    *s += &headline(
         "0 vs 1 vs 2 forwarding hops",
         &hop_rows,
         format!(
@@ -776,13 +797,16 @@ pub fn summarize(report: &Value) -> String {
         h.join(" vs ")
     ),
     );
-    s += "\n";
-    s += "## Throughput runs\n\n| run | torusnet msg/s | Gb/s | frames/s | CPU ns/msg | vs raw AF_XDP | vs UDP | msgs/frame | extra frames | out of order |\n|---|---|---|---|---|---|---|---|---|---|\n";
+}
+
+/// The summary's tables: every throughput run, every latency run, and the runs that failed.
+fn add_tables(s: &mut String, r: &Value) {
+    *s += "## Throughput runs\n\n| run | torusnet msg/s | Gb/s | frames/s | CPU ns/msg | vs raw AF_XDP | vs UDP | msgs/frame | extra frames | out of order |\n|---|---|---|---|---|---|---|---|---|---|\n";
     for (name, v) in r.as_object().into_iter().flatten() {
         if v.get("torusnet").is_none() || v["torusnet"].get("goodput_gbps").is_none() {
             continue;
         }
-        s +=
+        *s +=
             &format!(
             "| {name} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2}x | {} | {:.1} | {:.2}% | {:.2}% |\n",
             f(v, &["torusnet", "messages_per_s"]),
@@ -796,13 +820,13 @@ pub fn summarize(report: &Value) -> String {
             f(v, &["overheads", "out_of_order_pct"]),
         );
     }
-    s += "\n## Latency runs (us)\n\n| run | method | p50 | p90 | p99 | p99.9 | max |\n|---|---|---|---|---|---|---|\n";
+    *s += "\n## Latency runs (us)\n\n| run | method | p50 | p90 | p99 | p99.9 | max |\n|---|---|---|---|---|---|---|\n";
     for (name, v) in r.as_object().into_iter().flatten() {
         if v.get("torusnet").is_none() || v["torusnet"].get("p50").is_none() {
             continue;
         }
         for m in ["udp_blocking", "udp_busy_poll", "raw_afxdp", "torusnet"] {
-            s += &format!(
+            *s += &format!(
                 "| {name} | {m} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
                 f(v, &[m, "p50"]),
                 f(v, &[m, "p90"]),
@@ -819,10 +843,9 @@ pub fn summarize(report: &Value) -> String {
         .filter_map(|(k, v)| v.get("error").map(|e| format!("- {k}: {e}\n")))
         .collect();
     if !errors.is_empty() {
-        s += "\n## Runs that failed\n\n";
-        s += &errors.concat();
+        *s += "\n## Runs that failed\n\n";
+        *s += &errors.concat();
     }
-    s
 }
 
 #[cfg(test)]

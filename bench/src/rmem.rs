@@ -240,6 +240,76 @@ fn remote_reads(c: &Client, cap: &Capability, n: u32) -> Result<Latency, String>
     Ok(Latency::from_ns(rtts))
 }
 
+/// The message queue's figures: messages per second one way (echoed back), then the round
+/// trip through the peer's echo queue.
+fn queue_figures(
+    c: &Client,
+    sock: &std::path::Path,
+    to: Address,
+    ring: Capability,
+    pings: u32,
+) -> Result<(f64, Latency), String> {
+    let qc = Client::attach(sock, "rm-bench-q").map_err(e)?;
+    let (tx, my_read) = QueueSender::new(&qc, ring, 1024, 128).map_err(e)?;
+    let qc_rx = Client::attach(sock, "rm-bench-qrx").map_err(e)?;
+    let (rx, back_ring) = QueueReceiver::new(&qc_rx, 1024, 128).map_err(e)?;
+    let mut m = vec![b'Q'];
+    m.extend_from_slice(&back_ring.encode());
+    m.extend_from_slice(&my_read.encode());
+    c.send(Dest::Service(to), &m, SendOptions::reliable())
+        .map_err(e)?;
+    let ans = next_message(c, Duration::from_secs(5))?;
+    let their_read = Capability::decode(ans.get(1..).unwrap_or(&[])).ok_or("bad queue answer")?;
+    let (mut tx, mut rx) = (tx, rx);
+    rx.connect(their_read);
+    let n = 20_000u64;
+    let msg = [7u8; 64];
+    let t0 = Instant::now();
+    let mut back = 0u64;
+    // Never blocked on room while echoes wait to be read: the peer may be waiting for
+    // room in our ring just as we wait for room in its.
+    let mut sent = 0u64;
+    while back < n {
+        let before = (sent, back);
+        while sent < n {
+            match tx.push(&msg, Duration::ZERO) {
+                Ok(()) => sent += 1,
+                Err(Error::Timeout | Error::WouldBlock) => break,
+                Err(x) => return Err(x.to_string()),
+            }
+            if sent.is_multiple_of(16) {
+                tx.publish().map_err(e)?;
+            }
+        }
+        tx.publish().map_err(e)?;
+        while let Some(_m) = rx.recv(Duration::ZERO).map_err(e)? {
+            back += 1;
+        }
+        if (sent, back) == before {
+            if t0.elapsed() > Duration::from_secs(60) {
+                return Err(format!("queue: {back} of {n} echoed"));
+            }
+            if rx.recv(Duration::from_millis(1)).map_err(e)?.is_some() {
+                back += 1;
+            }
+        }
+    }
+    let q_rate = n as f64 / t0.elapsed().as_secs_f64();
+    let mut rtts = Vec::new();
+    for i in 0..pings.min(5000) + 500 {
+        let t = Instant::now();
+        tx.send(&msg, Duration::from_secs(5)).map_err(e)?;
+        if rx.recv(Duration::from_secs(2)).map_err(e)?.is_none() {
+            return Err("queue: no echo".into());
+        }
+        if i >= 500 {
+            rtts.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    let q_rtt = Latency::from_ns(rtts);
+    Ok((q_rate, q_rtt))
+}
+
 /// Runs the comparison and writes the figures.
 pub fn run(a: &Args) -> Result<(), String> {
     let s = Setup {
@@ -301,66 +371,7 @@ pub fn run(a: &Args) -> Result<(), String> {
             "64 B round trip p50: ping-pong {:.1} us, remote read {:.1} us",
             pp.p50, rd.p50
         );
-        // The message queue: one way, then the round trip through the peer's echo queue.
-        let qc = Client::attach(&sock, "rm-bench-q").map_err(e)?;
-        let (tx, my_read) = QueueSender::new(&qc, ring, 1024, 128).map_err(e)?;
-        let qc_rx = Client::attach(&sock, "rm-bench-qrx").map_err(e)?;
-        let (rx, back_ring) = QueueReceiver::new(&qc_rx, 1024, 128).map_err(e)?;
-        let mut m = vec![b'Q'];
-        m.extend_from_slice(&back_ring.encode());
-        m.extend_from_slice(&my_read.encode());
-        c.send(Dest::Service(to), &m, SendOptions::reliable())
-            .map_err(e)?;
-        let ans = next_message(&c, Duration::from_secs(5))?;
-        let their_read =
-            Capability::decode(ans.get(1..).unwrap_or(&[])).ok_or("bad queue answer")?;
-        let (mut tx, mut rx) = (tx, rx);
-        rx.connect(their_read);
-        let n = 20_000u64;
-        let msg = [7u8; 64];
-        let t0 = Instant::now();
-        let mut back = 0u64;
-        // Never blocked on room while echoes wait to be read: the peer may be waiting for
-        // room in our ring just as we wait for room in its.
-        let mut sent = 0u64;
-        while back < n {
-            let before = (sent, back);
-            while sent < n {
-                match tx.push(&msg, Duration::ZERO) {
-                    Ok(()) => sent += 1,
-                    Err(Error::Timeout | Error::WouldBlock) => break,
-                    Err(x) => return Err(x.to_string()),
-                }
-                if sent.is_multiple_of(16) {
-                    tx.publish().map_err(e)?;
-                }
-            }
-            tx.publish().map_err(e)?;
-            while let Some(_m) = rx.recv(Duration::ZERO).map_err(e)? {
-                back += 1;
-            }
-            if (sent, back) == before {
-                if t0.elapsed() > Duration::from_secs(60) {
-                    return Err(format!("queue: {back} of {n} echoed"));
-                }
-                if rx.recv(Duration::from_millis(1)).map_err(e)?.is_some() {
-                    back += 1;
-                }
-            }
-        }
-        let q_rate = n as f64 / t0.elapsed().as_secs_f64();
-        let mut rtts = Vec::new();
-        for i in 0..a.pings.min(5000) + 500 {
-            let t = Instant::now();
-            tx.send(&msg, Duration::from_secs(5)).map_err(e)?;
-            if rx.recv(Duration::from_secs(2)).map_err(e)?.is_none() {
-                return Err("queue: no echo".into());
-            }
-            if i >= 500 {
-                rtts.push(t.elapsed().as_nanos() as u64);
-            }
-        }
-        let q_rtt = Latency::from_ns(rtts);
+        let (q_rate, q_rtt) = queue_figures(&c, &sock, to, ring, a.pings)?;
         eprintln!(
             "message queue: {q_rate:.0} messages/s (echoed), RTT p50 {:.1} us",
             q_rtt.p50

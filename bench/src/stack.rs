@@ -58,83 +58,93 @@ pub struct RealPorts {
     pub b: String,
 }
 
+/// Two servers on the real ports `r` (a cable between two of this machine's NICs).
+fn build_on_ports(tag: &str, s: &Setup, r: &RealPorts) -> Result<Running, String> {
+    let dims = Dims::new(2, 1, 1).map_err(|e| e.to_string())?;
+    let mut c = Cluster::new(
+        tag,
+        dims,
+        &[Coord::new(0, 0, 0), Coord::new(1, 0, 0)],
+        s.mtu,
+    );
+    c.adopt(0, &r.a, Dir::PlusX, 1, &r.b)?;
+    for (i, addr, ifname) in [(0, "10.77.0.1/24", &r.a), (1, "10.77.0.2/24", &r.b)] {
+        c.servers[i]
+            .ns
+            .ip(&["addr", "add", addr, "dev", ifname])
+            .map_err(|e| e.to_string())?;
+    }
+    let pair = Pair {
+        ns_a: c.servers[0].ns.name().to_string(),
+        ns_b: c.servers[1].ns.name().to_string(),
+        if_a: r.a.clone(),
+        if_b: r.b.clone(),
+        mtu: s.mtu,
+    };
+    Ok(Running {
+        cluster: c,
+        tx: 0,
+        rx: 1,
+        to: Coord::new(1, 0, 0),
+        pair,
+        down: Vec::new(),
+    })
+}
+
+/// A 2x2x2 torus: from 0,0,0 every one of the six links leads towards 1,1,1 (those beyond
+/// `s.links` are taken down once torusd runs).
+fn build_cube(tag: &str, s: &Setup) -> Result<Running, String> {
+    let dims = Dims::new(2, 2, 2).map_err(|e| e.to_string())?;
+    let coords: Vec<Coord> = dims.coords().collect();
+    let mut c = Cluster::new(tag, dims, &coords, s.mtu);
+    for (i, co) in coords.iter().enumerate() {
+        for d in [Dir::PlusX, Dir::PlusY, Dir::PlusZ] {
+            let j = dims.index(dims.neighbor(*co, d));
+            // Size 2: the + and - links of a server both go to the same neighbour.
+            if i < j {
+                c.link(i, d, j);
+                c.link(i, d.opposite(), j);
+            }
+        }
+    }
+    let to = Coord::new(1, 1, 1);
+    let down: Vec<String> = Dir::ALL[usize::from(s.links.min(6))..]
+        .iter()
+        .map(|d| format!("0,0,0:{d}"))
+        .collect();
+    c.servers[0]
+        .ns
+        .ip(&["addr", "add", "10.77.0.1/24", "dev", "t0px"])
+        .map_err(|e| e.to_string())?;
+    c.servers[1]
+        .ns
+        .ip(&["addr", "add", "10.77.0.2/24", "dev", "t1mx"])
+        .map_err(|e| e.to_string())?;
+    let pair = Pair {
+        ns_a: c.servers[0].ns.name().to_string(),
+        ns_b: c.servers[1].ns.name().to_string(),
+        if_a: "t0px".into(),
+        if_b: "t1mx".into(),
+        mtu: s.mtu,
+    };
+    Ok(Running {
+        cluster: c,
+        tx: 0,
+        rx: dims.index(to),
+        to,
+        pair,
+        down,
+    })
+}
+
 /// Builds the namespaces and links of `s` (torusd not started yet).
 pub fn build(tag: &str, s: &Setup, real: Option<&RealPorts>) -> Result<Running, String> {
     let hops = s.hops.min(4);
     if let Some(r) = real {
-        let dims = Dims::new(2, 1, 1).map_err(|e| e.to_string())?;
-        let mut c = Cluster::new(
-            tag,
-            dims,
-            &[Coord::new(0, 0, 0), Coord::new(1, 0, 0)],
-            s.mtu,
-        );
-        c.adopt(0, &r.a, Dir::PlusX, 1, &r.b)?;
-        for (i, addr, ifname) in [(0, "10.77.0.1/24", &r.a), (1, "10.77.0.2/24", &r.b)] {
-            c.servers[i]
-                .ns
-                .ip(&["addr", "add", addr, "dev", ifname])
-                .map_err(|e| e.to_string())?;
-        }
-        let pair = Pair {
-            ns_a: c.servers[0].ns.name().to_string(),
-            ns_b: c.servers[1].ns.name().to_string(),
-            if_a: r.a.clone(),
-            if_b: r.b.clone(),
-            mtu: s.mtu,
-        };
-        return Ok(Running {
-            cluster: c,
-            tx: 0,
-            rx: 1,
-            to: Coord::new(1, 0, 0),
-            pair,
-            down: Vec::new(),
-        });
+        return build_on_ports(tag, s, r);
     }
     if s.links > 2 {
-        // A 2x2x2 torus: from 0,0,0 every one of the six links leads towards 1,1,1.
-        let dims = Dims::new(2, 2, 2).map_err(|e| e.to_string())?;
-        let coords: Vec<Coord> = dims.coords().collect();
-        let mut c = Cluster::new(tag, dims, &coords, s.mtu);
-        for (i, co) in coords.iter().enumerate() {
-            for d in [Dir::PlusX, Dir::PlusY, Dir::PlusZ] {
-                let j = dims.index(dims.neighbor(*co, d));
-                // Size 2: the + and - links of a server both go to the same neighbour.
-                if i < j {
-                    c.link(i, d, j);
-                    c.link(i, d.opposite(), j);
-                }
-            }
-        }
-        let to = Coord::new(1, 1, 1);
-        let down: Vec<String> = Dir::ALL[usize::from(s.links.min(6))..]
-            .iter()
-            .map(|d| format!("0,0,0:{d}"))
-            .collect();
-        c.servers[0]
-            .ns
-            .ip(&["addr", "add", "10.77.0.1/24", "dev", "t0px"])
-            .map_err(|e| e.to_string())?;
-        c.servers[1]
-            .ns
-            .ip(&["addr", "add", "10.77.0.2/24", "dev", "t1mx"])
-            .map_err(|e| e.to_string())?;
-        let pair = Pair {
-            ns_a: c.servers[0].ns.name().to_string(),
-            ns_b: c.servers[1].ns.name().to_string(),
-            if_a: "t0px".into(),
-            if_b: "t1mx".into(),
-            mtu: s.mtu,
-        };
-        return Ok(Running {
-            cluster: c,
-            tx: 0,
-            rx: dims.index(to),
-            to,
-            pair,
-            down,
-        });
+        return build_cube(tag, s);
     }
     let (cluster, to) = if hops == 0 {
         let dims = Dims::new(2, 1, 1).map_err(|e| e.to_string())?;

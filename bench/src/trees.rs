@@ -46,6 +46,62 @@ fn e(x: impl std::fmt::Display) -> String {
     x.to_string()
 }
 
+/// Asks a server of the namespace torus (by coordinate) a management request.
+type Ask<'a> = dyn Fn(&str, Value, u64) -> Result<Value, String> + 'a;
+
+/// Waits until 0,0,0 reaches every server (a minute at most).
+fn wait_converged(ask: &Ask<'_>) -> Result<(), String> {
+    let t0 = Instant::now();
+    loop {
+        let st = ask("0,0,0", json!({"cmd": "status"}), 5).unwrap_or(Value::Null);
+        if st["engine"]["unreachable"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+            && st["engine"]["view_version"].as_u64() > Some(0)
+        {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err("the torus did not converge".into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// The same bytes by unicast from 0,0,0 to each member in turn: the seconds it took, and
+/// the rate the last member and the mean member saw.
+fn unicast_in_turn(ask: &Ask<'_>, bytes: u64) -> Result<(f64, f64, f64), String> {
+    let t1 = Instant::now();
+    let mut unicast_each = Vec::new();
+    for c in Dims::new(3, 3, 3)
+        .map_err(e)?
+        .coords()
+        .filter(|c| *c != Coord::new(0, 0, 0))
+    {
+        let v = ask(
+            "0,0,0",
+            json!({"cmd": "bench", "to": c.to_string(), "bytes": bytes, "size": 262_144, "verify": false}),
+            600,
+        )?;
+        unicast_each.push(v["goodput_gbps"].as_f64().unwrap_or(0.0));
+    }
+    let unicast_s = t1.elapsed().as_secs_f64();
+    // Each member's copy done when its turn ended: the last waits for all 26.
+    let unicast_per_member = bytes as f64 * 8.0 / unicast_s / 1e9;
+    let unicast_mean_member = {
+        // Member k finishes after k transfers: the mean completion time over members.
+        let mut acc = 0.0;
+        let mut sum_s = 0.0;
+        for g in &unicast_each {
+            acc += bytes as f64 * 8.0 / (g * 1e9).max(1.0);
+            sum_s += acc;
+        }
+        bytes as f64 * 8.0 / (sum_s / unicast_each.len().max(1) as f64) / 1e9
+    };
+    Ok((unicast_s, unicast_per_member, unicast_mean_member))
+}
+
 /// The namespace experiments.
 fn namespaces(a: &Args) -> Result<Value, String> {
     let prefix = format!("bt{}", std::process::id() % 10000);
@@ -84,22 +140,7 @@ fn namespaces(a: &Args) -> Result<Value, String> {
             Duration::from_secs(secs),
         )
     };
-    // Converged when 0,0,0 reaches everyone.
-    let t0 = Instant::now();
-    loop {
-        let st = ask("0,0,0", json!({"cmd": "status"}), 5).unwrap_or(Value::Null);
-        if st["engine"]["unreachable"]
-            .as_array()
-            .is_some_and(Vec::is_empty)
-            && st["engine"]["view_version"].as_u64() > Some(0)
-        {
-            break;
-        }
-        if t0.elapsed() > Duration::from_secs(60) {
-            return Err("the torus did not converge".into());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_converged(&ask)?;
     std::thread::sleep(Duration::from_secs(1));
     let mc = ask(
         "0,0,0",
@@ -115,34 +156,7 @@ fn namespaces(a: &Args) -> Result<Value, String> {
         mc["min_member_gbps"].as_f64().unwrap_or(0.0),
         mc["median_member_gbps"].as_f64().unwrap_or(0.0)
     );
-    // The same bytes by unicast to each member in turn.
-    let t1 = Instant::now();
-    let mut unicast_each = Vec::new();
-    for c in Dims::new(3, 3, 3)
-        .map_err(e)?
-        .coords()
-        .filter(|c| *c != Coord::new(0, 0, 0))
-    {
-        let v = ask(
-            "0,0,0",
-            json!({"cmd": "bench", "to": c.to_string(), "bytes": a.bytes, "size": 262_144, "verify": false}),
-            600,
-        )?;
-        unicast_each.push(v["goodput_gbps"].as_f64().unwrap_or(0.0));
-    }
-    let unicast_s = t1.elapsed().as_secs_f64();
-    // Each member's copy done when its turn ended: the last waits for all 26.
-    let unicast_per_member = a.bytes as f64 * 8.0 / unicast_s / 1e9;
-    let unicast_mean_member = {
-        // Member k finishes after k transfers: the mean completion time over members.
-        let mut acc = 0.0;
-        let mut sum_s = 0.0;
-        for g in &unicast_each {
-            acc += a.bytes as f64 * 8.0 / (g * 1e9).max(1.0);
-            sum_s += acc;
-        }
-        a.bytes as f64 * 8.0 / (sum_s / unicast_each.len().max(1) as f64) / 1e9
-    };
+    let (unicast_s, unicast_per_member, unicast_mean_member) = unicast_in_turn(&ask, a.bytes)?;
     eprintln!("unicast to each in turn: {unicast_s:.2} s, {unicast_per_member:.3} Gb/s for the last member");
     // One link's raw rate: a transfer to a neighbour.
     let link = ask(

@@ -181,64 +181,14 @@ fn positive(what: &str, v: f64) -> Result<f64, String> {
 pub fn run(a: &Args) -> Result<(), String> {
     with_huge_pages();
     match &a.exp {
-        Exp::Routing(r) => routing::run(r)?,
+        Exp::Routing(r) => routing::run(r),
         Exp::Alltoall {
             sizes,
             ms,
             load,
             first_hop,
             out,
-        } => {
-            let mut pts = Vec::new();
-            for k in list::<u16>(sizes)? {
-                let tr = Traffic {
-                    ms: positive("--ms", *ms)?,
-                    seed: out.seed,
-                    load: *load,
-                    to_failed: false,
-                    spread: !first_hop,
-                    threads: threads_for(out.threads, k),
-                    real_bytes: out.real_bytes,
-                };
-                let p = alltoall(k, 0.0, &tr)?;
-                if !out.json {
-                    println!(
-                        "{:>5} servers: {:.3} Gb/s per server (bound {:.3}, {:.0}%), {} events in {:.1} s on {} thread{} = {:.2} M events/s, {:.0} KiB/server, peak {:.0} MiB",
-                        p.servers, p.per_server_gbps, p.bound_gbps, 100.0 * p.fraction_of_bound, p.events, p.wall_s, p.threads, if p.threads == 1 { "" } else { "s" }, p.events_per_s / 1e6, p.memory_per_server_kib, p.peak_mib
-                    );
-                }
-                pts.push(p);
-            }
-            if out.json {
-                println!(
-                    "{}",
-                    json!({"experiment": "alltoall", "simulated_ms": ms, "points": pts})
-                );
-            }
-            if let Some(dir) = &out.plot {
-                crate::plot::xy_chart(
-                    &dir.join("sim-alltoall.svg"),
-                    "All-to-all throughput per server vs torus size (1 Gb/s links)",
-                    "servers",
-                    "Gb/s per server",
-                    &[
-                        (
-                            "simulated",
-                            pts.iter()
-                                .map(|p| (p.servers as f64, p.per_server_gbps))
-                                .collect(),
-                        ),
-                        (
-                            "analytic bound",
-                            pts.iter()
-                                .map(|p| (p.servers as f64, p.bound_gbps))
-                                .collect(),
-                        ),
-                    ],
-                    true,
-                )?;
-            }
-        }
+        } => sweep_sizes(sizes, traffic(*ms, *load, *first_hop, false, out), out),
         Exp::Failures {
             k,
             percent,
@@ -248,68 +198,8 @@ pub fn run(a: &Args) -> Result<(), String> {
             to_failed,
             out,
         } => {
-            let mut pts = Vec::new();
-            for f in list::<f64>(percent)? {
-                if !(0.0..100.0).contains(&f) {
-                    return Err(format!(
-                        "failure percentages go from 0 to under 100, not {f}"
-                    ));
-                }
-                let ms = positive("--ms", *ms)?;
-                let tr = Traffic {
-                    ms,
-                    seed: out.seed,
-                    load: *load,
-                    to_failed: *to_failed,
-                    spread: !first_hop,
-                    threads: threads_for(out.threads, *k),
-                    real_bytes: out.real_bytes,
-                };
-                let p = alltoall(*k, f, &tr)?;
-                if !out.json {
-                    println!(
-                        "{:>4.0}% failed: {:.3} Gb/s per live server; {} events in {:.1} s = {:.2} M events/s, peak {:.0} MiB",
-                        f, p.per_server_gbps, p.events, p.wall_s, p.events_per_s / 1e6, p.peak_mib
-                    );
-                }
-                pts.push(p);
-            }
-            let base = pts.first().map_or(1.0, |p| p.per_server_gbps.max(1e-9));
-            if out.json {
-                println!(
-                    "{}",
-                    json!({"experiment": "failures", "servers": u64::from(*k).pow(3), "points": pts, "relative": pts.iter().map(|p| p.per_server_gbps / base).collect::<Vec<_>>()})
-                );
-            } else if let Some(p) = pts.last() {
-                println!(
-                    "throughput at {:.0}% failed = {:.0}% of no failures",
-                    p.failed_pct,
-                    100.0 * p.per_server_gbps / base
-                );
-            }
-            if let Some(dir) = &out.plot {
-                crate::plot::xy_chart(
-                    &dir.join("sim-failures.svg"),
-                    "All-to-all throughput vs failed servers",
-                    "failed servers (%)",
-                    "Gb/s per live server",
-                    &[
-                        (
-                            "simulated",
-                            pts.iter()
-                                .map(|p| (p.failed_pct, p.per_server_gbps))
-                                .collect(),
-                        ),
-                        (
-                            "analytic, live servers",
-                            pts.iter()
-                                .map(|p| (p.failed_pct, p.bound_live_gbps))
-                                .collect(),
-                        ),
-                    ],
-                    false,
-                )?;
-            }
+            let base = traffic(*ms, *load, *first_hop, *to_failed, out);
+            sweep_failures(*k, percent, base, out)
         }
         Exp::Churn {
             k,
@@ -323,64 +213,200 @@ pub fn run(a: &Args) -> Result<(), String> {
             holddown_ms,
             out,
         } => {
-            let mut rs: Vec<ChurnReport> = Vec::new();
-            for rate in list::<f64>(rate)? {
-                let o = ChurnOpts {
-                    down_pct: *down,
-                    rate,
-                    msgs: *msgs,
-                    seconds: positive("--seconds", *seconds)?,
-                    detect_ms: *detect_ms,
-                    views: *views,
-                    refresh_s: *refresh_s,
-                    holddown_ms: *holddown_ms,
-                    seed: out.seed,
-                    threads: threads_for(out.threads, *k),
-                };
-                let r = churn(&o, cfg(*k, true)?)?;
-                if !out.json {
-                    println!(
-                        "{} servers, {:?} views, {:.0}% down, {} failures/s ({} failures, {} rejoins in {} s), {} msg/s each: sent {}, delivered {}, misdelivered {}, dropped {} ({:.3}%: {} into failed servers, {} with their sender, {} no root at the sender, {} unreachable, {} TTL, {} no room, {} other, {} in flight), {} bounced, refused at source {}; {:.1} s wall, {:.2} M events/s, peak {:.0} MiB",
-                        r.servers, r.views, r.down_pct, r.failures_per_s, r.failures, r.rejoins, r.simulated_s,
-                        r.messages_per_server_per_s, r.sent, r.delivered, r.misdelivered, r.dropped,
-                        r.dropped_pct, r.lost_at_failed_server, r.lost_with_sender, r.dropped_no_root, r.dropped_unreachable,
-                        r.dropped_ttl_expired, r.dropped_no_room, r.dropped_other, r.in_flight_at_end,
-                        r.bounced, r.refused_at_source, r.wall_s, r.events_per_s / 1e6, r.peak_mib
-                    );
-                }
-                rs.push(r);
-            }
-            if !out.json {
-                println!(
-                    "CamCube (Figure 5(c), 512 servers, 10 simulated minutes): 0 misdelivered; \
-                     under 1% dropped at 2 failures/s, 27.41% at 15 failures/s"
-                );
-            }
-            if out.json {
-                println!(
-                    "{}",
-                    json!({"experiment": "churn", "simulated_s": seconds, "points": rs})
-                );
-            }
-            if let Some(dir) = &out.plot {
-                let pct = |f: fn(&ChurnReport) -> u64| -> Vec<(f64, f64)> {
-                    rs.iter()
-                        .map(|r| (r.failures_per_s, 100.0 * f(r) as f64 / r.sent.max(1) as f64))
-                        .collect()
-                };
-                crate::plot::xy_chart(
-                    &dir.join("sim-churn.svg"),
-                    "Key-routed messages under churn (10% of servers down)",
-                    "failures per second",
-                    "% of messages sent",
-                    &[
-                        ("dropped", pct(|r| r.dropped)),
-                        ("misdelivered", pct(|r| r.misdelivered)),
-                    ],
-                    false,
-                )?;
-            }
+            let base = ChurnOpts {
+                down_pct: *down,
+                rate: 0.0,
+                msgs: *msgs,
+                seconds: *seconds,
+                detect_ms: *detect_ms,
+                views: *views,
+                refresh_s: *refresh_s,
+                holddown_ms: *holddown_ms,
+                seed: out.seed,
+                threads: threads_for(out.threads, *k),
+            };
+            sweep_churn(*k, rate, base, out)
         }
+    }
+}
+
+/// The traffic an all-to-all experiment drives (its `ms` checked, and its threads chosen,
+/// per point).
+fn traffic(ms: f64, load: Load, first_hop: bool, to_failed: bool, out: &Out) -> Traffic {
+    Traffic {
+        ms,
+        seed: out.seed,
+        load,
+        to_failed,
+        spread: !first_hop,
+        threads: 1,
+        real_bytes: out.real_bytes,
+    }
+}
+
+/// All-to-all throughput per server at each torus size of `sizes`.
+fn sweep_sizes(sizes: &str, base: Traffic, out: &Out) -> Result<(), String> {
+    let mut pts = Vec::new();
+    for k in list::<u16>(sizes)? {
+        let tr = Traffic {
+            ms: positive("--ms", base.ms)?,
+            threads: threads_for(out.threads, k),
+            ..base
+        };
+        let p = alltoall(k, 0.0, &tr)?;
+        if !out.json {
+            println!(
+                "{:>5} servers: {:.3} Gb/s per server (bound {:.3}, {:.0}%), {} events in {:.1} s on {} thread{} = {:.2} M events/s, {:.0} KiB/server, peak {:.0} MiB",
+                p.servers, p.per_server_gbps, p.bound_gbps, 100.0 * p.fraction_of_bound, p.events, p.wall_s, p.threads, if p.threads == 1 { "" } else { "s" }, p.events_per_s / 1e6, p.memory_per_server_kib, p.peak_mib
+            );
+        }
+        pts.push(p);
+    }
+    if out.json {
+        println!(
+            "{}",
+            json!({"experiment": "alltoall", "simulated_ms": base.ms, "points": pts})
+        );
+    }
+    if let Some(dir) = &out.plot {
+        crate::plot::xy_chart(
+            &dir.join("sim-alltoall.svg"),
+            "All-to-all throughput per server vs torus size (1 Gb/s links)",
+            "servers",
+            "Gb/s per server",
+            &[
+                (
+                    "simulated",
+                    pts.iter()
+                        .map(|p| (p.servers as f64, p.per_server_gbps))
+                        .collect(),
+                ),
+                (
+                    "analytic bound",
+                    pts.iter()
+                        .map(|p| (p.servers as f64, p.bound_gbps))
+                        .collect(),
+                ),
+            ],
+            true,
+        )?;
+    }
+    Ok(())
+}
+
+/// All-to-all throughput of a `k`-ary 3-cube at each failed percentage of `percent`.
+fn sweep_failures(k: u16, percent: &str, base: Traffic, out: &Out) -> Result<(), String> {
+    let mut pts = Vec::new();
+    for f in list::<f64>(percent)? {
+        if !(0.0..100.0).contains(&f) {
+            return Err(format!(
+                "failure percentages go from 0 to under 100, not {f}"
+            ));
+        }
+        let tr = Traffic {
+            ms: positive("--ms", base.ms)?,
+            threads: threads_for(out.threads, k),
+            ..base
+        };
+        let p = alltoall(k, f, &tr)?;
+        if !out.json {
+            println!(
+                "{:>4.0}% failed: {:.3} Gb/s per live server; {} events in {:.1} s = {:.2} M events/s, peak {:.0} MiB",
+                f, p.per_server_gbps, p.events, p.wall_s, p.events_per_s / 1e6, p.peak_mib
+            );
+        }
+        pts.push(p);
+    }
+    let base = pts.first().map_or(1.0, |p| p.per_server_gbps.max(1e-9));
+    if out.json {
+        println!(
+            "{}",
+            json!({"experiment": "failures", "servers": u64::from(k).pow(3), "points": pts, "relative": pts.iter().map(|p| p.per_server_gbps / base).collect::<Vec<_>>()})
+        );
+    } else if let Some(p) = pts.last() {
+        println!(
+            "throughput at {:.0}% failed = {:.0}% of no failures",
+            p.failed_pct,
+            100.0 * p.per_server_gbps / base
+        );
+    }
+    if let Some(dir) = &out.plot {
+        crate::plot::xy_chart(
+            &dir.join("sim-failures.svg"),
+            "All-to-all throughput vs failed servers",
+            "failed servers (%)",
+            "Gb/s per live server",
+            &[
+                (
+                    "simulated",
+                    pts.iter()
+                        .map(|p| (p.failed_pct, p.per_server_gbps))
+                        .collect(),
+                ),
+                (
+                    "analytic, live servers",
+                    pts.iter()
+                        .map(|p| (p.failed_pct, p.bound_live_gbps))
+                        .collect(),
+                ),
+            ],
+            false,
+        )?;
+    }
+    Ok(())
+}
+
+/// Key-routed messages under churn at each failure rate of `rates`.
+fn sweep_churn(k: u16, rates: &str, base: ChurnOpts, out: &Out) -> Result<(), String> {
+    let mut rs: Vec<ChurnReport> = Vec::new();
+    for rate in list::<f64>(rates)? {
+        let o = ChurnOpts {
+            rate,
+            seconds: positive("--seconds", base.seconds)?,
+            ..base
+        };
+        let r = churn(&o, cfg(k, true)?)?;
+        if !out.json {
+            println!(
+                "{} servers, {:?} views, {:.0}% down, {} failures/s ({} failures, {} rejoins in {} s), {} msg/s each: sent {}, delivered {}, misdelivered {}, dropped {} ({:.3}%: {} into failed servers, {} with their sender, {} no root at the sender, {} unreachable, {} TTL, {} no room, {} other, {} in flight), {} bounced, refused at source {}; {:.1} s wall, {:.2} M events/s, peak {:.0} MiB",
+                r.servers, r.views, r.down_pct, r.failures_per_s, r.failures, r.rejoins, r.simulated_s,
+                r.messages_per_server_per_s, r.sent, r.delivered, r.misdelivered, r.dropped,
+                r.dropped_pct, r.lost_at_failed_server, r.lost_with_sender, r.dropped_no_root, r.dropped_unreachable,
+                r.dropped_ttl_expired, r.dropped_no_room, r.dropped_other, r.in_flight_at_end,
+                r.bounced, r.refused_at_source, r.wall_s, r.events_per_s / 1e6, r.peak_mib
+            );
+        }
+        rs.push(r);
+    }
+    if !out.json {
+        println!(
+            "CamCube (Figure 5(c), 512 servers, 10 simulated minutes): 0 misdelivered; \
+             under 1% dropped at 2 failures/s, 27.41% at 15 failures/s"
+        );
+    }
+    if out.json {
+        println!(
+            "{}",
+            json!({"experiment": "churn", "simulated_s": base.seconds, "points": rs})
+        );
+    }
+    if let Some(dir) = &out.plot {
+        let pct = |f: fn(&ChurnReport) -> u64| -> Vec<(f64, f64)> {
+            rs.iter()
+                .map(|r| (r.failures_per_s, 100.0 * f(r) as f64 / r.sent.max(1) as f64))
+                .collect()
+        };
+        crate::plot::xy_chart(
+            &dir.join("sim-churn.svg"),
+            "Key-routed messages under churn (10% of servers down)",
+            "failures per second",
+            "% of messages sent",
+            &[
+                ("dropped", pct(|r| r.dropped)),
+                ("misdelivered", pct(|r| r.misdelivered)),
+            ],
+            false,
+        )?;
     }
     Ok(())
 }

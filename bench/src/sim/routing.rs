@@ -103,6 +103,71 @@ fn keys_rooted(sim: &Sim, rng: &mut SplitMix64) -> Vec<Option<u64>> {
     keys
 }
 
+/// Takes `fail_pct` of the links down, at random among those between live servers (`down`
+/// marks the failed servers); returns how many it took down.
+fn fail_links(sim: &mut Sim, rng: &mut SplitMix64, down: &[bool], fail_pct: f64) -> usize {
+    let dims = sim.dims();
+    let n = dims.count() as usize;
+    let links = n * dims.link_dirs().len() as usize / 2;
+    let lfail = ((links as f64) * fail_pct / 100.0).round() as usize;
+    let mut failed_links = 0;
+    for _ in 0..lfail * 20 {
+        if failed_links == lfail {
+            break;
+        }
+        let i = rng.below(n as u64) as usize;
+        let d = Dir::ALL[rng.below(6) as usize];
+        let c = dims.coord(i);
+        if !down[i] && sim.view().live_dirs(c).contains(d) {
+            sim.set_link(c, d, false);
+            failed_links += 1;
+        }
+    }
+    failed_links
+}
+
+/// The largest set of `alive` servers that reach each other, as the first eight see it:
+/// failed links may cut servers off, and traffic runs among these (the others are reported
+/// as cut off).
+fn reaching_each_other(sim: &Sim, alive: &[usize]) -> Vec<usize> {
+    let dims = sim.dims();
+    let mut live: Vec<usize> = Vec::new();
+    for &r in alive.iter().take(8) {
+        let routes = sim.node(r).routes();
+        let reach: Vec<usize> = alive
+            .iter()
+            .copied()
+            .filter(|&i| i == r || routes.is_reachable(dims.coord(i)))
+            .collect();
+        if reach.len() > live.len() {
+            live = reach;
+        }
+    }
+    live
+}
+
+/// A random permutation of `0..n` (Sattolo's: no fixed point when n > 1): position p sends
+/// to `partner[p]`.
+fn derangement(rng: &mut SplitMix64, n: usize) -> Vec<usize> {
+    let mut partner: Vec<usize> = (0..n).collect();
+    for p in (1..partner.len()).rev() {
+        let q = rng.below(p as u64) as usize;
+        partner.swap(p, q);
+    }
+    partner
+}
+
+/// Source routing's probes (with their replies) and path switches, over every server.
+fn source_routing_counts(sim: &Sim) -> (u64, u64) {
+    let (mut probes, mut switches) = (0u64, 0u64);
+    for i in 0..sim.dims().count() as usize {
+        let s = sim.node(i).source_stats();
+        probes += s.bsr.probes + s.replies_sent;
+        switches += s.bsr.switches;
+    }
+    (probes, switches)
+}
+
 /// One run of `mode` under `pattern` with `fail_pct` of the servers and of the links down.
 #[allow(clippy::too_many_arguments)]
 pub fn run_point(
@@ -122,36 +187,9 @@ pub fn run_point(
     // The same failures for every mode: the seed alone picks them.
     let mut rng = SplitMix64::new(seed);
     let down = super::harness::fail_servers(&mut sim, &mut rng, fail_pct);
-    let links = n * dims.link_dirs().len() as usize / 2;
-    let lfail = ((links as f64) * fail_pct / 100.0).round() as usize;
-    let mut failed_links = 0;
-    for _ in 0..lfail * 20 {
-        if failed_links == lfail {
-            break;
-        }
-        let i = rng.below(n as u64) as usize;
-        let d = Dir::ALL[rng.below(6) as usize];
-        let c = dims.coord(i);
-        if !down[i] && sim.view().live_dirs(c).contains(d) {
-            sim.set_link(c, d, false);
-            failed_links += 1;
-        }
-    }
-    // Failed links may cut servers off: traffic runs among the largest set of live servers
-    // that reach each other (the others are reported as cut off).
+    let failed_links = fail_links(&mut sim, &mut rng, &down, fail_pct);
     let alive: Vec<usize> = (0..n).filter(|i| !down[*i]).collect();
-    let mut live: Vec<usize> = Vec::new();
-    for &r in alive.iter().take(8) {
-        let routes = sim.node(r).routes();
-        let reach: Vec<usize> = alive
-            .iter()
-            .copied()
-            .filter(|&i| i == r || routes.is_reachable(dims.coord(i)))
-            .collect();
-        if reach.len() > live.len() {
-            live = reach;
-        }
-    }
+    let live = reaching_each_other(&sim, &alive);
     let cut_off = alive.len() - live.len();
     if live.len() < 2 {
         return Err(format!("{fail_pct}% failed leaves fewer than two servers"));
@@ -176,12 +214,7 @@ pub fn run_point(
         Pattern::Uniform => bound,
         Pattern::HotRow | Pattern::Permutation => bound / 2.0,
     };
-    // A random derangement of the live servers: position p sends to partner[p].
-    let mut partner: Vec<usize> = (0..live.len()).collect();
-    for p in (1..partner.len()).rev() {
-        let q = traffic_rng.below(p as u64) as usize;
-        partner.swap(p, q);
-    }
+    let partner = derangement(&mut traffic_rng, live.len());
     let interval = PACKET as f64 * 8.0 / (offered * 1e9);
     let mut pacer = super::harness::Pacer::new(&mut traffic_rng, live.len(), interval);
     let mut due: Vec<(usize, u32)> = Vec::new();
@@ -231,12 +264,7 @@ pub fn run_point(
     let least = live.iter().map(|&i| received[i]).min().unwrap_or(0);
     let abt = live.len() as f64 * least as f64 * 8.0 / secs / 1e9;
     let st = sim.stats();
-    let (mut probes, mut switches) = (0u64, 0u64);
-    for i in 0..n {
-        let s = sim.node(i).source_stats();
-        probes += s.bsr.probes + s.replies_sent;
-        switches += s.bsr.switches;
-    }
+    let (probes, switches) = source_routing_counts(&sim);
     let data_frames = (delivered / PACKET as u64).max(1);
     Ok(Point {
         mode,
