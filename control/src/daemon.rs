@@ -305,6 +305,39 @@ struct Publisher {
 }
 
 impl Publisher {
+    /// A publisher to torusd's control socket at `path`, not yet connected.
+    fn new(path: PathBuf) -> Publisher {
+        Publisher {
+            path,
+            conn: None,
+            published: 0,
+            last_msg: None,
+            latency_us: None,
+            last_try: None,
+            last_error: None,
+        }
+    }
+
+    /// One turn of the loop: starts over when torusd asked for the view, (re)connects, and
+    /// tells `node` whether torusd is there (it advertises its links only while it is).
+    fn tend(&mut self, republish: &AtomicBool, journal: &mut Journal, node: &mut ControlNode) {
+        if republish.swap(false, Ordering::AcqRel) {
+            journal.say("torusd asked for the view".into());
+            self.reset();
+        }
+        self.check_alive();
+        self.connect();
+        let up = self.conn.is_some();
+        if up != node.dataplane_up() {
+            journal.say(if up {
+                "torusd is back: links advertised".into()
+            } else {
+                "torusd is gone: advertising no link until it is back".into()
+            });
+            node.set_dataplane(up);
+        }
+    }
+
     /// Whether `msg` differs from what torusd holds.
     fn stale(&self, msg: &Value) -> bool {
         self.last_msg.as_deref() != Some(msg.to_string().as_str())
@@ -427,10 +460,10 @@ fn view_message(node: &ControlNode, version: u64, view: &LinkView) -> Option<Val
     }))
 }
 
-/// Runs the control process until `stop` is set.
-pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
+/// A packet socket on each of the server's torus links.
+fn open_links(links: &[(String, Dir)]) -> Result<Vec<LinkSocket>, String> {
     let mut socks = Vec::new();
-    for (ifname, dir) in &cfg.links {
+    for (ifname, dir) in links {
         let (fd, mac) = packet_socket(ifname)?;
         socks.push(LinkSocket {
             dir: *dir,
@@ -439,6 +472,44 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
             mac,
         });
     }
+    Ok(socks)
+}
+
+/// The Prometheus endpoint at `addr`, rendering the status the loop publishes.
+fn serve_metrics(
+    addr: std::net::SocketAddr,
+    status: Arc<parking_lot::Mutex<Value>>,
+) -> Result<torusnet_ops::metrics::Server, String> {
+    // Bound from its own thread, retrying while a killed predecessor's socket is still
+    // being torn down.
+    torusnet_ops::metrics::serve_retrying(addr, Duration::from_secs(10), move || {
+        crate::metrics::render(&status.lock())
+    })
+    .map_err(|e| format!("metrics endpoint {addr}: {e}"))
+}
+
+/// Sleeps until a frame arrives on one of `fds` or `wait` has passed.
+fn wait_for_frames(fds: &mut [libc::pollfd], wait: Duration) {
+    // To the microsecond (ppoll): poll()'s milliseconds round a timer due in under one down
+    // to zero, and the loop would spin until it fires.
+    let ts = libc::timespec {
+        tv_sec: wait.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(wait.subsec_nanos() as i32),
+    };
+    // SAFETY: fds is a valid array of pollfd; ts outlives the call.
+    unsafe {
+        libc::ppoll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+}
+
+/// Runs the control process until `stop` is set.
+pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
+    let socks = open_links(&cfg.links)?;
     let persisted = read_coord(&cfg.state_file, cfg.dims);
     // The control plane's clock starts now; take-over instants travel as wall-clock times
     // measured from the same moment.
@@ -463,30 +534,12 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
     }
     // Held until the loop ends: dropping it stops the endpoint.
-    let _metrics = match cfg.metrics {
-        Some(addr) => {
-            let status = status.clone();
-            // Bound from its own thread, retrying while a killed predecessor's socket is
-            // still being torn down.
-            let s =
-                torusnet_ops::metrics::serve_retrying(addr, Duration::from_secs(10), move || {
-                    crate::metrics::render(&status.lock())
-                })
-                .map_err(|e| format!("metrics endpoint {addr}: {e}"))?;
-            Some(s)
-        }
-        None => None,
-    };
+    let _metrics = cfg
+        .metrics
+        .map(|addr| serve_metrics(addr, status.clone()))
+        .transpose()?;
     let now = || Time::from_nanos(epoch.elapsed().as_nanos() as u64);
-    let mut publisher = cfg.dataplane.clone().map(|path| Publisher {
-        path,
-        conn: None,
-        published: 0,
-        last_msg: None,
-        latency_us: None,
-        last_try: None,
-        last_error: None,
-    });
+    let mut publisher = cfg.dataplane.clone().map(Publisher::new);
     // After a (re)start, publish only once the database has been refilled, so a restarted
     // control process never hands torusd a half-empty view: neighbours send their whole
     // database when a link comes up, so shortly after every link is up it is complete; at
@@ -516,21 +569,7 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
             .poll_timeout()
             .map_or(Duration::from_millis(50), |d| d.since(t))
             .min(Duration::from_millis(50));
-        // To the microsecond (ppoll): poll()'s milliseconds round a timer due in under one
-        // down to zero, and the loop would spin until it fires.
-        let ts = libc::timespec {
-            tv_sec: wait.as_secs() as libc::time_t,
-            tv_nsec: libc::c_long::from(wait.subsec_nanos() as i32),
-        };
-        // SAFETY: fds is a valid array of pollfd; ts outlives the call.
-        unsafe {
-            libc::ppoll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
-                &ts,
-                std::ptr::null(),
-            )
-        };
+        wait_for_frames(&mut fds, wait);
         receive(&socks, &mut node, &mut buf, now());
         let t = now();
         if node.poll_timeout().is_some_and(|d| d <= t) {
@@ -541,21 +580,7 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
             journal.record(e, &cfg, &socks);
         }
         if let Some(p) = publisher.as_mut() {
-            if republish.swap(false, Ordering::AcqRel) {
-                journal.say("torusd asked for the view".into());
-                p.reset();
-            }
-            p.check_alive();
-            p.connect();
-            let up = p.conn.is_some();
-            if up != node.dataplane_up() {
-                journal.say(if up {
-                    "torusd is back: links advertised".into()
-                } else {
-                    "torusd is gone: advertising no link until it is back".into()
-                });
-                node.set_dataplane(up);
-            }
+            p.tend(&republish, &mut journal, &mut node);
         }
         adjacent_since = if node.adjacent() {
             adjacent_since.or(Some(Instant::now()))

@@ -197,208 +197,26 @@ fn control_status(path: &Path) -> Option<Value> {
 /// Runs every check for `node`.
 pub fn run(node: &Node) -> Vec<Check> {
     let mut out = Vec::new();
-    match kernel_version() {
-        Some((a, b)) if (a, b) >= (6, 6) => out.push(check(
-            "kernel",
-            Level::Ok,
-            format!("Linux {a}.{b}: AF_XDP with multi-buffer"),
-            "",
-        )),
-        Some((a, b)) if (a, b) >= (5, 11) => out.push(check(
-            "kernel",
-            Level::Warn,
-            format!("Linux {a}.{b}: AF_XDP without multi-buffer (no jumbo frames above 4 KiB)"),
-            "use Linux 6.6 or later for MTU 9000",
-        )),
-        Some((a, b)) => out.push(check(
-            "kernel",
-            Level::Fail,
-            format!("Linux {a}.{b} is too old"),
-            "use Linux 6.6 or later",
-        )),
-        None => out.push(check(
-            "kernel",
-            Level::Warn,
-            "cannot read the kernel version",
-            "",
-        )),
-    }
-    // SAFETY: creating and closing a socket changes nothing.
-    let fd = unsafe { libc::socket(44, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if fd >= 0 {
-        // SAFETY: closing what we opened.
-        unsafe { libc::close(fd) };
-        out.push(check("af_xdp", Level::Ok, "AF_XDP sockets available", ""));
-    } else {
-        let e = std::io::Error::last_os_error();
-        let (lvl, fix) = match e.raw_os_error() {
-            Some(libc::EPERM) | Some(libc::EACCES) => {
-                (Level::Fail, "run as root or grant CAP_NET_RAW")
-            }
-            _ => (Level::Fail, "build the kernel with CONFIG_XDP_SOCKETS=y"),
-        };
-        out.push(check(
-            "af_xdp",
-            lvl,
-            format!("cannot create an AF_XDP socket: {e}"),
-            fix,
-        ));
-    }
+    kernel_check(&mut out);
+    af_xdp_check(&mut out);
     if Path::new("/sys/kernel/btf/vmlinux").exists() {
         out.push(check("btf", Level::Ok, "kernel BTF present", ""));
     } else {
         out.push(check("btf", Level::Warn, "no /sys/kernel/btf/vmlinux", "torusnet's XDP program needs no CO-RE; BTF helps bpftool show its maps (CONFIG_DEBUG_INFO_BTF=y)"));
     }
-    let caps = cap_eff();
-    let has = |bit: u32| caps & (1u64 << bit) != 0;
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let needed = [
-        (12, "CAP_NET_ADMIN"),
-        (13, "CAP_NET_RAW"),
-        (39, "CAP_BPF"),
-        (38, "CAP_PERFMON"),
-    ];
-    let missing: Vec<&str> = needed
-        .iter()
-        .filter(|(b, _)| !has(*b) && !has(21))
-        .map(|(_, n)| *n)
-        .collect();
-    if missing.is_empty() {
-        out.push(check(
-            "privileges",
-            Level::Ok,
-            if root {
-                "running as root"
-            } else {
-                "capabilities present"
-            },
-            "",
-        ));
-    } else {
-        out.push(check(
-            "privileges",
-            Level::Fail,
-            format!("missing {}", missing.join(", ")),
-            "run as root, or use the systemd units in deploy/systemd (AmbientCapabilities)",
-        ));
-    }
-    // SAFETY: getrlimit fills the struct we pass.
-    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) };
-    let memcg = kernel_version().is_some_and(|v| v >= (5, 11));
-    if rl.rlim_cur == libc::RLIM_INFINITY || memcg || rl.rlim_cur >= 64 << 20 {
-        out.push(check(
-            "memlock",
-            Level::Ok,
-            if memcg {
-                "BPF memory is charged to the cgroup (Linux 5.11+)".into()
-            } else {
-                format!("memlock limit {} bytes", rl.rlim_cur)
-            },
-            "",
-        ));
-    } else {
-        out.push(check(
-            "memlock",
-            Level::Fail,
-            format!(
-                "memlock limit {} bytes is too low for the UMEM",
-                rl.rlim_cur
-            ),
-            "ulimit -l unlimited (LimitMEMLOCK=infinity in the unit)",
-        ));
-    }
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    if mounts
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf") && l.contains(" bpf "))
-    {
-        out.push(check(
-            "bpffs",
-            Level::Ok,
-            "bpffs mounted at /sys/fs/bpf",
-            "",
-        ));
-    } else {
-        out.push(check("bpffs", Level::Warn, "bpffs is not mounted at /sys/fs/bpf (torusd pins nothing, but bpftool and other tools want it)", "mount -t bpf bpf /sys/fs/bpf"));
-    }
+    privileges_check(&mut out);
+    memlock_check(&mut out);
+    bpffs_check(&mut out);
     let ctl = node.control_socket.as_deref().and_then(control_status);
     for l in &node.links {
         link_checks(node, l, ctl.as_ref(), &mut out);
     }
-    let ncpu = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    for c in &node.cores {
-        if *c >= ncpu {
-            out.push(check(
-                "cores",
-                Level::Fail,
-                format!("core {c} does not exist ({ncpu} cores)"),
-                "fix cores = [...] in the node file",
-            ));
-        }
-    }
-    if !node.cores.is_empty() && node.cores.iter().all(|c| *c < ncpu) {
-        let irqs = std::fs::read_to_string("/proc/interrupts").unwrap_or_default();
-        let mut shared = Vec::new();
-        for line in irqs.lines() {
-            if node.links.iter().any(|l| line.contains(&l.ifname)) {
-                if let Some(irq) = line.split(':').next().map(str::trim) {
-                    let aff = std::fs::read_to_string(format!("/proc/irq/{irq}/smp_affinity_list"))
-                        .unwrap_or_default();
-                    if node
-                        .cores
-                        .iter()
-                        .any(|c| aff.trim().split(',').any(|p| p.trim() == c.to_string()))
-                    {
-                        shared.push(irq.to_string());
-                    }
-                }
-            }
-        }
-        if shared.is_empty() {
-            out.push(check(
-                "cores",
-                Level::Ok,
-                format!(
-                    "pollers on cores {:?}, no link IRQ pinned there",
-                    node.cores
-                ),
-                "",
-            ));
-        } else {
-            out.push(check("cores", Level::Warn, format!("IRQs {} of the link NICs may run on the poller cores", shared.join(" ")), "pin them elsewhere: echo N > /proc/irq/IRQ/smp_affinity_list (and stop irqbalance)"));
-        }
-    }
-    let cs =
-        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
-            .unwrap_or_default();
-    let cs = cs.trim();
-    if cs == "tsc" || cs.is_empty() {
-        out.push(check(
-            "clocksource",
-            Level::Ok,
-            if cs.is_empty() {
-                "unknown (sysfs not readable)".into()
-            } else {
-                cs.to_string()
-            },
-            "",
-        ));
-    } else {
-        out.push(check(
-            "clocksource",
-            Level::Warn,
-            format!("{cs}: reading the clock costs more than with tsc"),
-            "use tsc if the CPU has a stable one (clocksource=tsc)",
-        ));
-    }
+    core_checks(node, &mut out);
+    clocksource_check(&mut out);
     out
 }
 
+/// The checks of one link: state and MTU, its neighbour, driver, zero-copy, queues, offloads.
 fn link_checks(node: &Node, l: &LinkToCheck, ctl: Option<&Value>, out: &mut Vec<Check>) {
     let name = format!("link {} ({})", l.ifname, l.dir);
     let Some(j) = link_json(&l.ifname) else {
@@ -449,40 +267,271 @@ fn link_checks(node: &Node, l: &LinkToCheck, ctl: Option<&Value>, out: &mut Vec<
         )),
     }
     if let Some(c) = ctl {
-        let cl = c["links"].as_array().and_then(|a| {
-            a.iter()
-                .find(|x| x["ifname"].as_str() == Some(l.ifname.as_str()))
-        });
-        if let Some(cl) = cl {
-            if let Some(m) = cl["miswired"].as_str() {
-                out.push(check(
-                    &format!("{name} neighbour"),
-                    Level::Fail,
-                    format!("miswired: {m}"),
-                    "fix the cabling (torusctl plan prints the intended one)",
-                ));
-            } else if cl["state"] == "up" {
-                let n = &cl["neighbor"];
-                out.push(check(
-                    &format!("{name} neighbour"),
-                    Level::Ok,
-                    format!(
-                        "node {} at {}",
-                        n["node_id"],
-                        n["coord"].as_str().unwrap_or("?")
-                    ),
-                    "",
-                ));
-            } else {
-                out.push(check(
-                    &format!("{name} neighbour"),
-                    Level::Warn,
-                    "no hellos from the neighbour (its control process may not run)",
-                    "start torusctl daemon on the neighbour",
-                ));
+        neighbour_check(c, l, &name, out);
+    }
+    let driver = xdp_check(l, &name, out);
+    zero_copy_check(l, &name, &driver, out);
+    queues_check(node, l, &name, out);
+    offloads_check(l, &name, out);
+}
+
+/// The kernel's version: AF_XDP, and multi-buffer for jumbo frames.
+fn kernel_check(out: &mut Vec<Check>) {
+    match kernel_version() {
+        Some((a, b)) if (a, b) >= (6, 6) => out.push(check(
+            "kernel",
+            Level::Ok,
+            format!("Linux {a}.{b}: AF_XDP with multi-buffer"),
+            "",
+        )),
+        Some((a, b)) if (a, b) >= (5, 11) => out.push(check(
+            "kernel",
+            Level::Warn,
+            format!("Linux {a}.{b}: AF_XDP without multi-buffer (no jumbo frames above 4 KiB)"),
+            "use Linux 6.6 or later for MTU 9000",
+        )),
+        Some((a, b)) => out.push(check(
+            "kernel",
+            Level::Fail,
+            format!("Linux {a}.{b} is too old"),
+            "use Linux 6.6 or later",
+        )),
+        None => out.push(check(
+            "kernel",
+            Level::Warn,
+            "cannot read the kernel version",
+            "",
+        )),
+    }
+}
+
+/// Whether this kernel creates AF_XDP sockets for us.
+fn af_xdp_check(out: &mut Vec<Check>) {
+    // SAFETY: creating and closing a socket changes nothing.
+    let fd = unsafe { libc::socket(44, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if fd >= 0 {
+        // SAFETY: closing what we opened.
+        unsafe { libc::close(fd) };
+        out.push(check("af_xdp", Level::Ok, "AF_XDP sockets available", ""));
+    } else {
+        let e = std::io::Error::last_os_error();
+        let (lvl, fix) = match e.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => {
+                (Level::Fail, "run as root or grant CAP_NET_RAW")
             }
+            _ => (Level::Fail, "build the kernel with CONFIG_XDP_SOCKETS=y"),
+        };
+        out.push(check(
+            "af_xdp",
+            lvl,
+            format!("cannot create an AF_XDP socket: {e}"),
+            fix,
+        ));
+    }
+}
+
+/// The capabilities torusd needs (or root).
+fn privileges_check(out: &mut Vec<Check>) {
+    let caps = cap_eff();
+    let has = |bit: u32| caps & (1u64 << bit) != 0;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let needed = [
+        (12, "CAP_NET_ADMIN"),
+        (13, "CAP_NET_RAW"),
+        (39, "CAP_BPF"),
+        (38, "CAP_PERFMON"),
+    ];
+    let missing: Vec<&str> = needed
+        .iter()
+        .filter(|(b, _)| !has(*b) && !has(21))
+        .map(|(_, n)| *n)
+        .collect();
+    if missing.is_empty() {
+        out.push(check(
+            "privileges",
+            Level::Ok,
+            if root {
+                "running as root"
+            } else {
+                "capabilities present"
+            },
+            "",
+        ));
+    } else {
+        out.push(check(
+            "privileges",
+            Level::Fail,
+            format!("missing {}", missing.join(", ")),
+            "run as root, or use the systemd units in deploy/systemd (AmbientCapabilities)",
+        ));
+    }
+}
+
+/// Whether the UMEM can be locked in memory.
+fn memlock_check(out: &mut Vec<Check>) {
+    // SAFETY: getrlimit fills the struct we pass.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) };
+    let memcg = kernel_version().is_some_and(|v| v >= (5, 11));
+    if rl.rlim_cur == libc::RLIM_INFINITY || memcg || rl.rlim_cur >= 64 << 20 {
+        out.push(check(
+            "memlock",
+            Level::Ok,
+            if memcg {
+                "BPF memory is charged to the cgroup (Linux 5.11+)".into()
+            } else {
+                format!("memlock limit {} bytes", rl.rlim_cur)
+            },
+            "",
+        ));
+    } else {
+        out.push(check(
+            "memlock",
+            Level::Fail,
+            format!(
+                "memlock limit {} bytes is too low for the UMEM",
+                rl.rlim_cur
+            ),
+            "ulimit -l unlimited (LimitMEMLOCK=infinity in the unit)",
+        ));
+    }
+}
+
+/// Whether bpffs is mounted where tools look for it.
+fn bpffs_check(out: &mut Vec<Check>) {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    if mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf") && l.contains(" bpf "))
+    {
+        out.push(check(
+            "bpffs",
+            Level::Ok,
+            "bpffs mounted at /sys/fs/bpf",
+            "",
+        ));
+    } else {
+        out.push(check("bpffs", Level::Warn, "bpffs is not mounted at /sys/fs/bpf (torusd pins nothing, but bpftool and other tools want it)", "mount -t bpf bpf /sys/fs/bpf"));
+    }
+}
+
+/// The poller cores: they exist, and no link's IRQ runs on them.
+fn core_checks(node: &Node, out: &mut Vec<Check>) {
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    for c in &node.cores {
+        if *c >= ncpu {
+            out.push(check(
+                "cores",
+                Level::Fail,
+                format!("core {c} does not exist ({ncpu} cores)"),
+                "fix cores = [...] in the node file",
+            ));
         }
     }
+    if !node.cores.is_empty() && node.cores.iter().all(|c| *c < ncpu) {
+        let irqs = std::fs::read_to_string("/proc/interrupts").unwrap_or_default();
+        let mut shared = Vec::new();
+        for line in irqs.lines() {
+            if node.links.iter().any(|l| line.contains(&l.ifname)) {
+                if let Some(irq) = line.split(':').next().map(str::trim) {
+                    let aff = std::fs::read_to_string(format!("/proc/irq/{irq}/smp_affinity_list"))
+                        .unwrap_or_default();
+                    if node
+                        .cores
+                        .iter()
+                        .any(|c| aff.trim().split(',').any(|p| p.trim() == c.to_string()))
+                    {
+                        shared.push(irq.to_string());
+                    }
+                }
+            }
+        }
+        if shared.is_empty() {
+            out.push(check(
+                "cores",
+                Level::Ok,
+                format!(
+                    "pollers on cores {:?}, no link IRQ pinned there",
+                    node.cores
+                ),
+                "",
+            ));
+        } else {
+            out.push(check("cores", Level::Warn, format!("IRQs {} of the link NICs may run on the poller cores", shared.join(" ")), "pin them elsewhere: echo N > /proc/irq/IRQ/smp_affinity_list (and stop irqbalance)"));
+        }
+    }
+}
+
+/// The clock source (reading the clock is on every poller's turn).
+fn clocksource_check(out: &mut Vec<Check>) {
+    let cs =
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .unwrap_or_default();
+    let cs = cs.trim();
+    if cs == "tsc" || cs.is_empty() {
+        out.push(check(
+            "clocksource",
+            Level::Ok,
+            if cs.is_empty() {
+                "unknown (sysfs not readable)".into()
+            } else {
+                cs.to_string()
+            },
+            "",
+        ));
+    } else {
+        out.push(check(
+            "clocksource",
+            Level::Warn,
+            format!("{cs}: reading the clock costs more than with tsc"),
+            "use tsc if the CPU has a stable one (clocksource=tsc)",
+        ));
+    }
+}
+
+/// What the control process heard from the link's neighbour (miswired, up, silent).
+fn neighbour_check(c: &Value, l: &LinkToCheck, name: &str, out: &mut Vec<Check>) {
+    let cl = c["links"].as_array().and_then(|a| {
+        a.iter()
+            .find(|x| x["ifname"].as_str() == Some(l.ifname.as_str()))
+    });
+    if let Some(cl) = cl {
+        if let Some(m) = cl["miswired"].as_str() {
+            out.push(check(
+                &format!("{name} neighbour"),
+                Level::Fail,
+                format!("miswired: {m}"),
+                "fix the cabling (torusctl plan prints the intended one)",
+            ));
+        } else if cl["state"] == "up" {
+            let n = &cl["neighbor"];
+            out.push(check(
+                &format!("{name} neighbour"),
+                Level::Ok,
+                format!(
+                    "node {} at {}",
+                    n["node_id"],
+                    n["coord"].as_str().unwrap_or("?")
+                ),
+                "",
+            ));
+        } else {
+            out.push(check(
+                &format!("{name} neighbour"),
+                Level::Warn,
+                "no hellos from the neighbour (its control process may not run)",
+                "start torusctl daemon on the neighbour",
+            ));
+        }
+    }
+}
+
+/// The link's driver and whether it has native XDP; returns the driver's name.
+fn xdp_check(l: &LinkToCheck, name: &str, out: &mut Vec<Check>) -> String {
     let driver = ethtool(&["-i", &l.ifname])
         .and_then(|s| {
             s.lines()
@@ -508,6 +557,11 @@ fn link_checks(node: &Node, l: &LinkToCheck, ctl: Option<&Value>, out: &mut Vec<
             "use a NIC whose driver has native XDP",
         ));
     }
+    driver
+}
+
+/// Whether the link's driver takes AF_XDP zero-copy.
+fn zero_copy_check(l: &LinkToCheck, name: &str, driver: &str, out: &mut Vec<Check>) {
     match zero_copy_probe(&l.ifname) {
         Ok(true) => out.push(check(
             &format!("{name} zero-copy"),
@@ -528,6 +582,10 @@ fn link_checks(node: &Node, l: &LinkToCheck, ctl: Option<&Value>, out: &mut Vec<
             "",
         )),
     }
+}
+
+/// Whether every torus frame reaches the queue a socket reads.
+fn queues_check(node: &Node, l: &LinkToCheck, name: &str, out: &mut Vec<Check>) {
     // The queues in use now (ethtool -l "Current": RX + combined), not those allocated.
     let rxq = ethtool(&["-l", &l.ifname])
         .and_then(|t| {
@@ -556,6 +614,10 @@ fn link_checks(node: &Node, l: &LinkToCheck, ctl: Option<&Value>, out: &mut Vec<
     } else {
         out.push(check(&format!("{name} queues"), Level::Fail, format!("{rxq} RX queues: torus frames could land on queues no socket reads"), format!("ethtool -L {} combined 1; or steer: ethtool -N {} flow-type ether proto 0x88b5 action 0 and set rx_queue_steering = true", l.ifname, l.ifname)));
     }
+}
+
+/// Receive offloads that merge frames (XDP and the protocol refuse them).
+fn offloads_check(l: &LinkToCheck, name: &str, out: &mut Vec<Check>) {
     if let Some(k) = ethtool(&["-k", &l.ifname]) {
         let on = |feat: &str| {
             k.lines()

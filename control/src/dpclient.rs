@@ -74,7 +74,17 @@ pub fn render_status(v: &Value) -> String {
         v["polling"].as_str().unwrap_or("?"),
         v["uptime_s"].as_f64().unwrap_or(0.0),
     );
-    out += "link  interface        xdp              af_xdp      rx frames   tx frames   forwarded  drops  xdp redirected/passed/malformed/fault\n";
+    render_links(&mut out, v);
+    render_transport(&mut out, v);
+    render_apps(&mut out, v);
+    render_kv(&mut out, v);
+    render_routing(&mut out, v);
+    out
+}
+
+/// The status's link tables: frames and drops, then load and carrier.
+fn render_links(out: &mut String, v: &Value) {
+    *out += "link  interface        xdp              af_xdp      rx frames   tx frames   forwarded  drops  xdp redirected/passed/malformed/fault\n";
     for l in v["links"].as_array().into_iter().flatten() {
         let c = &l["counters"];
         let drops: u64 = [
@@ -93,7 +103,7 @@ pub fn render_status(v: &Value) -> String {
         .iter()
         .map(|k| c[*k].as_u64().unwrap_or(0))
         .sum();
-        out += &format!(
+        *out += &format!(
             "{:<5} {:<16} {:<16} {:<10} {:>10} {:>11} {:>11} {:>6}  {}/{}/{}/{}\n",
             l["dir"].as_str().unwrap_or("?"),
             l["ifname"].as_str().unwrap_or("?"),
@@ -113,7 +123,7 @@ pub fn render_status(v: &Value) -> String {
             u(l, &["xdp", "fault_dropped"]),
         );
     }
-    out += "link  tx load  rx load  tx queue  carrier\n";
+    *out += "link  tx load  rx load  tx queue  carrier\n";
     let down: Vec<&str> = v["engine"]["carrier_down"]
         .as_array()
         .into_iter()
@@ -123,7 +133,7 @@ pub fn render_status(v: &Value) -> String {
     for l in v["links"].as_array().into_iter().flatten() {
         let c = &l["counters"];
         let dir = l["dir"].as_str().unwrap_or("?");
-        out += &format!(
+        *out += &format!(
             "{:<5} {:>6.1}%  {:>6.1}%  {:>8.1}  {}\n",
             dir,
             u(c, &["load_tx_permille"]) as f64 / 10.0,
@@ -132,9 +142,12 @@ pub fn render_status(v: &Value) -> String {
             if down.contains(&dir) { "down" } else { "up" },
         );
     }
-    let e = &v["engine"];
-    let t = &e["transport"];
-    out += &format!(
+}
+
+/// The status's transport and connection lines.
+fn render_transport(out: &mut String, v: &Value) {
+    let t = &v["engine"]["transport"];
+    *out += &format!(
         "transport: {} data frames, {} retransmitted, {} ACKs, {} NACKs, {} messages delivered, {} in flight\n",
         u(t, &["data_frames"]),
         u(t, &["retransmitted_frames"]),
@@ -143,7 +156,7 @@ pub fn render_status(v: &Value) -> String {
         u(t, &["messages_delivered"]),
         u(t, &["in_flight"]),
     );
-    out += &format!(
+    *out += &format!(
         "connections: {} peers, incarnation {}, {} resets, {} broken, {} messages reported failed, {} stale frames dropped\n",
         u(t, &["peers"]),
         v["incarnation"].as_str().unwrap_or("?"),
@@ -152,11 +165,15 @@ pub fn render_status(v: &Value) -> String {
         u(t, &["failed_messages"]),
         u(t, &["stale_frames"]),
     );
+}
+
+/// The status's table of attached applications (none: nothing).
+fn render_apps(out: &mut String, v: &Value) {
     let apps = v["apps"].as_array().cloned().unwrap_or_default();
     if !apps.is_empty() {
-        out += "application      service  pid      sent      received  acked     failed  dropped  bad\n";
+        *out += "application      service  pid      sent      received  acked     failed  dropped  bad\n";
         for a in &apps {
-            out += &format!(
+            *out += &format!(
                 "{:<16} {:<8} {:<8} {:<9} {:<9} {:<9} {:<7} {:<8} {}\n",
                 a["name"].as_str().unwrap_or("?"),
                 u(a, &["service"]),
@@ -170,10 +187,14 @@ pub fn render_status(v: &Value) -> String {
             );
         }
     }
+}
+
+/// The status's key-value store line, when the store is on.
+fn render_kv(out: &mut String, v: &Value) {
     if v["kv"].is_object() {
         let k = &v["kv"];
         let st = &k["store"];
-        out += &format!(
+        *out += &format!(
             "kv: gateway {} ({} connections, {} commands); {} items, {} bytes; {} ops ({} hits, {} misses, {} writes, {} timeouts); primary {} ops; cache {} hits, {} misses, {} items; copies {} sent, {} re-replicated; caught up {}\n",
             k["gateway"].as_str().unwrap_or("off"),
             u(k, &["connections"]),
@@ -194,8 +215,13 @@ pub fn render_status(v: &Value) -> String {
             if u(st, &["caught_up"]) == 1 { "yes" } else { "no" },
         );
     }
+}
+
+/// The status's routing lines: the view, source routing and its flows.
+fn render_routing(out: &mut String, v: &Value) {
+    let e = &v["engine"];
     let unreachable = e["unreachable"].as_array().map(Vec::len).unwrap_or(0);
-    out += &format!(
+    *out += &format!(
         "routing: view version {}, {} forwarded, {} key-routed delivered here, {} servers unreachable\n",
         u(e, &["view_version"]),
         u(e, &["forwarded"]),
@@ -203,7 +229,7 @@ pub fn render_status(v: &Value) -> String {
         unreachable
     );
     let r = &e["routing"];
-    out += &format!(
+    *out += &format!(
         "source routing: {}{}; {} flows, {} frames sent on routes, {} probes ({} answered), {} path switches ({} failovers); here: {} forwarded by route, {} probes answered, {} bad routes, {} path failures ({} reported)\n",
         r["mode"].as_str().unwrap_or("off"),
         match r["services"].as_array() {
@@ -226,7 +252,7 @@ pub fn render_status(v: &Value) -> String {
         u(r, &["failures_sent"]),
     );
     for f in r["flows"].as_array().into_iter().flatten().take(16) {
-        out += &format!(
+        *out += &format!(
             "  to {:<10} path {:<30} {}\n",
             f["dst"].as_str().unwrap_or("?"),
             f["path"].as_str().unwrap_or("?"),
@@ -235,7 +261,6 @@ pub fn render_status(v: &Value) -> String {
                 .map_or("not measured".to_string(), |m| format!("{m} Mb/s free")),
         );
     }
-    out
 }
 
 /// The control process's status as a table for people.

@@ -75,14 +75,18 @@ pub fn render(status: &Value) -> String {
             up,
         );
     }
+    add_links(&mut e, status, &server);
+    add_engine(&mut e, status, &server);
+    add_services(&mut e, status, &server);
+    e.render()
+}
+
+/// The per-link families: counters, XDP and socket statistics, zero-copy.
+fn add_links(e: &mut Exposition, status: &Value, server: &str) {
     for l in status["links"].as_array().into_iter().flatten() {
         let dir = l["dir"].as_str().unwrap_or("?");
         let ifname = l["ifname"].as_str().unwrap_or("?");
-        let labels = [
-            ("server", server.as_str()),
-            ("link", dir),
-            ("ifname", ifname),
-        ];
+        let labels = [("server", server), ("link", dir), ("ifname", ifname)];
         e.add_json("torusnet_link", &l["counters"], &labels, &is_counter);
         e.add_json("torusnet_link_xdp", &l["xdp"], &labels, &is_counter);
         e.add_json("torusnet_link_xsk", &l["xsk"], &labels, &is_counter);
@@ -95,6 +99,11 @@ pub fn render(status: &Value) -> String {
             f64::from(u8::from(zc)),
         );
     }
+}
+
+/// The engine's families: transport, engine counters and gauges, reachability, RTTs.
+fn add_engine(e: &mut Exposition, status: &Value, server: &str) {
+    let base = [("server", server)];
     let engine = &status["engine"];
     e.add_json(
         "torusnet_transport",
@@ -169,14 +178,19 @@ pub fn render(status: &Value) -> String {
                 "torusnet_peer_srtt_seconds",
                 Kind::Gauge,
                 "the transport's smoothed round-trip time to a peer",
-                &[("server", server.as_str()), ("peer", peer)],
+                &[("server", server), ("peer", peer)],
                 us / 1e6,
             );
         }
     }
+}
+
+/// The applications' and the services' families (key-value store, IP, remote memory).
+fn add_services(e: &mut Exposition, status: &Value, server: &str) {
+    let base = [("server", server)];
     for a in status["apps"].as_array().into_iter().flatten() {
         let name = a["name"].as_str().unwrap_or("?");
-        let labels = [("server", server.as_str()), ("app", name)];
+        let labels = [("server", server), ("app", name)];
         for k in ["sent", "received", "acked", "failed", "dropped"] {
             if let Some(v) = a[k].as_f64() {
                 e.add(
@@ -218,13 +232,12 @@ pub fn render(status: &Value) -> String {
                     "torusnet_rmem_refused_by_reason_total",
                     Kind::Counter,
                     "remote-memory accesses refused here, by reason",
-                    &[("server", server.as_str()), ("reason", reason)],
+                    &[("server", server), ("reason", reason)],
                     n,
                 );
             }
         }
     }
-    e.render()
 }
 
 #[cfg(test)]

@@ -378,6 +378,173 @@ fn multicast(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     Ok(wait(rx, limit + SLACK))
 }
 
+/// `{"cmd":"ping","to":C,"count":N,"size":B,"reliable":b}`: round trips to server `to`.
+fn ping(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    let to = coord(req, "to")?;
+    let count = req
+        .get("count")
+        .and_then(Value::as_u64)
+        .unwrap_or(100)
+        .clamp(1, 10_000_000) as u32;
+    let size = req
+        .get("size")
+        .and_then(Value::as_u64)
+        .unwrap_or(64)
+        .clamp(9, 8000) as usize;
+    let reliable = req
+        .get("reliable")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let limit = timeout(
+        req,
+        (Duration::from_secs(10) + Duration::from_millis(u64::from(count)))
+            .min(Duration::from_secs(3600)),
+    )?;
+    let (tx, rx) = mpsc::channel();
+    let p = PingRequest {
+        to,
+        count,
+        size,
+        reliable,
+        timeout: limit,
+        reply: tx,
+    };
+    ask(d, SERVICES, PING, Box::new(p))?;
+    Ok(wait(rx, limit + SLACK))
+}
+
+/// `{"cmd":"bench","to":C,"bytes":N,"size":B,...}`: a one-way stream to server `to`, measured.
+fn bench(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    let to = coord(req, "to")?;
+    let bytes = req.get("bytes").and_then(Value::as_u64).unwrap_or(1 << 30);
+    let size = req
+        .get("size")
+        .and_then(Value::as_u64)
+        .unwrap_or(65536)
+        .clamp(13, 64 << 20) as usize;
+    let fence_every = req.get("fence_every").and_then(Value::as_u64).unwrap_or(0);
+    let reliable = req.get("reliable").and_then(Value::as_bool).unwrap_or(true);
+    let verify = req.get("verify").and_then(Value::as_bool).unwrap_or(true);
+    // By default, no slower than 10 MB/s and at least a minute.
+    let default = Duration::from_secs((bytes / 10_000_000).clamp(60, 3600));
+    let limit = timeout(req, default)?;
+    let (tx, rx) = mpsc::channel();
+    let b = BenchRequest {
+        to,
+        bytes,
+        size,
+        fence_every,
+        reliable,
+        verify,
+        timeout: limit,
+        reply: tx,
+    };
+    ask(d, SERVICES, BENCH, Box::new(b))?;
+    Ok(wait(rx, limit + SLACK))
+}
+
+/// `{"cmd":"fault","link":"+x","drop":P}`: drops frames leaving a link with probability `drop`.
+fn fault(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    let link = req
+        .get("link")
+        .and_then(Value::as_str)
+        .ok_or("missing \"link\": +x ... -z")?;
+    let dir: Dir = link.parse().map_err(|e| format!("link: {e}"))?;
+    let drop = req
+        .get("drop")
+        .and_then(Value::as_f64)
+        .ok_or("missing \"drop\": 0..1")?;
+    if !(0.0..=1.0).contains(&drop) {
+        return Err(format!("drop: {drop} is not a probability"));
+    }
+    with_dp(d, |dp| push(dp, Command::SetFault { dir, drop }))?;
+    Ok(json!({"ok": true}))
+}
+
+/// `{"cmd":"routing","mode":"source"|"next-hop","services":[N,...]}`: how this server's
+/// own traffic (or these services') is routed from now on (source routing must be
+/// configured).
+fn routing(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    let on = match req.get("mode").and_then(Value::as_str) {
+        Some("source") => true,
+        Some("next-hop") => false,
+        _ => return Err("mode: \"source\" or \"next-hop\"".into()),
+    };
+    let services = match req.get("services") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) if !a.is_empty() => Some(
+            a.iter()
+                .map(|v| v.as_u64().and_then(|n| u16::try_from(n).ok()))
+                .collect::<Option<Vec<u16>>>()
+                .ok_or("services: service ids 0..65535")?,
+        ),
+        Some(_) => return Err("services: a non-empty list of service ids".into()),
+    };
+    let rx = with_dp(d, |dp| {
+        let (tx, rx) = mpsc::channel();
+        let shards = dp.shared().shards.len();
+        for shard in 0..shards {
+            dp.shared()
+                .push_to(
+                    shard,
+                    Command::SetRouting(on, services.clone(), Some(tx.clone())),
+                )
+                .map_err(|_| "the poller's command queue is full".to_string())?;
+        }
+        Ok((rx, shards))
+    })?;
+    let (rx, shards) = rx;
+    for _ in 0..shards {
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(
+                    "source routing is not configured here ([routing] mode = \"next-hop\" or \"source\")"
+                        .into(),
+                )
+            }
+            Err(_) => return Err("no answer from the poller within 5 s".into()),
+        }
+    }
+    Ok(json!({"ok": true, "mode": if on { "source" } else { "next-hop" }}))
+}
+
+/// `{"cmd":"send_keys","keys":[hex,...]}`: one key-routed message to each key.
+fn send_keys(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    let keys = req
+        .get("keys")
+        .and_then(Value::as_array)
+        .ok_or("missing \"keys\": [16 hex digits, ...]")?
+        .iter()
+        .map(|k| {
+            k.as_str()
+                .and_then(|s| u64::from_str_radix(s, 16).ok())
+                .ok_or("keys: 16 hex digits each")
+        })
+        .collect::<Result<Vec<u64>, _>>()?;
+    let (tx, rx) = mpsc::channel();
+    ask(d, SERVICES, KEYS, Box::new(KeysRequest::Send(keys, tx)))?;
+    Ok(wait(rx, Duration::from_secs(10)))
+}
+
+/// `{"cmd":"probe_keys","rate":N,"seed":S}`: continuous key-routed probes (rate 0 stops).
+fn probe_keys(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    let rate = req
+        .get("rate")
+        .and_then(Value::as_u64)
+        .filter(|r| *r <= 100_000)
+        .ok_or("\"rate\": probes per second, 0..=100000 (0 stops)")?;
+    let seed = req.get("seed").and_then(Value::as_u64).unwrap_or(1);
+    let (tx, rx) = mpsc::channel();
+    let probe = KeysRequest::Probe {
+        rate: rate as u32,
+        seed,
+        reply: tx,
+    };
+    ask(d, SERVICES, KEYS, Box::new(probe))?;
+    Ok(wait(rx, Duration::from_secs(10)))
+}
+
 fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     let cmd = req.get("cmd").and_then(Value::as_str).unwrap_or("");
     tracing::debug!(cmd, "management request");
@@ -396,171 +563,20 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             let submit = crate::runtime::KvSubmit::new(shared);
             crate::kvgw::manage(&submit, req, Duration::from_secs(10))
         }
-        "ping" => {
-            let to = coord(req, "to")?;
-            let count = req
-                .get("count")
-                .and_then(Value::as_u64)
-                .unwrap_or(100)
-                .clamp(1, 10_000_000) as u32;
-            let size = req
-                .get("size")
-                .and_then(Value::as_u64)
-                .unwrap_or(64)
-                .clamp(9, 8000) as usize;
-            let reliable = req
-                .get("reliable")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            let limit = timeout(
-                req,
-                (Duration::from_secs(10) + Duration::from_millis(u64::from(count)))
-                    .min(Duration::from_secs(3600)),
-            )?;
-            let (tx, rx) = mpsc::channel();
-            let p = PingRequest {
-                to,
-                count,
-                size,
-                reliable,
-                timeout: limit,
-                reply: tx,
-            };
-            ask(d, SERVICES, PING, Box::new(p))?;
-            Ok(wait(rx, limit + SLACK))
-        }
-        "bench" => {
-            let to = coord(req, "to")?;
-            let bytes = req.get("bytes").and_then(Value::as_u64).unwrap_or(1 << 30);
-            let size = req
-                .get("size")
-                .and_then(Value::as_u64)
-                .unwrap_or(65536)
-                .clamp(13, 64 << 20) as usize;
-            let fence_every = req.get("fence_every").and_then(Value::as_u64).unwrap_or(0);
-            let reliable = req.get("reliable").and_then(Value::as_bool).unwrap_or(true);
-            let verify = req.get("verify").and_then(Value::as_bool).unwrap_or(true);
-            // By default, no slower than 10 MB/s and at least a minute.
-            let default = Duration::from_secs((bytes / 10_000_000).clamp(60, 3600));
-            let limit = timeout(req, default)?;
-            let (tx, rx) = mpsc::channel();
-            let b = BenchRequest {
-                to,
-                bytes,
-                size,
-                fence_every,
-                reliable,
-                verify,
-                timeout: limit,
-                reply: tx,
-            };
-            ask(d, SERVICES, BENCH, Box::new(b))?;
-            Ok(wait(rx, limit + SLACK))
-        }
+        "ping" => ping(req, d),
+        "bench" => bench(req, d),
         "multicast" => multicast(req, d),
         "aggregate" => aggregate(req, d),
-        "fault" => {
-            let link = req
-                .get("link")
-                .and_then(Value::as_str)
-                .ok_or("missing \"link\": +x ... -z")?;
-            let dir: Dir = link.parse().map_err(|e| format!("link: {e}"))?;
-            let drop = req
-                .get("drop")
-                .and_then(Value::as_f64)
-                .ok_or("missing \"drop\": 0..1")?;
-            if !(0.0..=1.0).contains(&drop) {
-                return Err(format!("drop: {drop} is not a probability"));
-            }
-            with_dp(d, |dp| push(dp, Command::SetFault { dir, drop }))?;
-            Ok(json!({"ok": true}))
-        }
-        "routing" => {
-            // {"cmd":"routing","mode":"source"|"next-hop","services":[N,...]}: how this
-            // server's own traffic (or these services') is routed from now on (source
-            // routing must be configured).
-            let on = match req.get("mode").and_then(Value::as_str) {
-                Some("source") => true,
-                Some("next-hop") => false,
-                _ => return Err("mode: \"source\" or \"next-hop\"".into()),
-            };
-            let services = match req.get("services") {
-                None | Some(Value::Null) => None,
-                Some(Value::Array(a)) if !a.is_empty() => Some(
-                    a.iter()
-                        .map(|v| v.as_u64().and_then(|n| u16::try_from(n).ok()))
-                        .collect::<Option<Vec<u16>>>()
-                        .ok_or("services: service ids 0..65535")?,
-                ),
-                Some(_) => return Err("services: a non-empty list of service ids".into()),
-            };
-            let rx = with_dp(d, |dp| {
-                let (tx, rx) = mpsc::channel();
-                let shards = dp.shared().shards.len();
-                for shard in 0..shards {
-                    dp.shared()
-                        .push_to(
-                            shard,
-                            Command::SetRouting(on, services.clone(), Some(tx.clone())),
-                        )
-                        .map_err(|_| "the poller's command queue is full".to_string())?;
-                }
-                Ok((rx, shards))
-            })?;
-            let (rx, shards) = rx;
-            for _ in 0..shards {
-                match rx.recv_timeout(Duration::from_secs(5)) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        return Err(
-                            "source routing is not configured here ([routing] mode = \"next-hop\" or \"source\")"
-                                .into(),
-                        )
-                    }
-                    Err(_) => return Err("no answer from the poller within 5 s".into()),
-                }
-            }
-            Ok(json!({"ok": true, "mode": if on { "source" } else { "next-hop" }}))
-        }
-        "send_keys" => {
-            let keys = req
-                .get("keys")
-                .and_then(Value::as_array)
-                .ok_or("missing \"keys\": [16 hex digits, ...]")?
-                .iter()
-                .map(|k| {
-                    k.as_str()
-                        .and_then(|s| u64::from_str_radix(s, 16).ok())
-                        .ok_or("keys: 16 hex digits each")
-                })
-                .collect::<Result<Vec<u64>, _>>()?;
-            let (tx, rx) = mpsc::channel();
-            ask(d, SERVICES, KEYS, Box::new(KeysRequest::Send(keys, tx)))?;
-            Ok(wait(rx, Duration::from_secs(10)))
-        }
+        "fault" => fault(req, d),
+        "routing" => routing(req, d),
+        "send_keys" => send_keys(req, d),
         "keys_seen" => {
             let reset = req.get("reset").and_then(Value::as_bool).unwrap_or(false);
             let (tx, rx) = mpsc::channel();
             ask(d, SERVICES, KEYS, Box::new(KeysRequest::Seen(reset, tx)))?;
             Ok(wait(rx, Duration::from_secs(10)))
         }
-        "probe_keys" => {
-            // Continuous key-routed probes: {"cmd":"probe_keys","rate":N,"seed":S} (0 stops).
-            let rate = req
-                .get("rate")
-                .and_then(Value::as_u64)
-                .filter(|r| *r <= 100_000)
-                .ok_or("\"rate\": probes per second, 0..=100000 (0 stops)")?;
-            let seed = req.get("seed").and_then(Value::as_u64).unwrap_or(1);
-            let (tx, rx) = mpsc::channel();
-            let probe = KeysRequest::Probe {
-                rate: rate as u32,
-                seed,
-                reply: tx,
-            };
-            ask(d, SERVICES, KEYS, Box::new(probe))?;
-            Ok(wait(rx, Duration::from_secs(10)))
-        }
+        "probe_keys" => probe_keys(req, d),
         "load" => load(req, d),
         "view" => apply_view(req, d),
         "shutdown" => {
@@ -568,7 +584,7 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             Ok(json!({"ok": true}))
         }
         other => Err(format!(
-            "unknown command {other:?} (status, log, ping, bench, multicast, aggregate, fault, send_keys, keys_seen, probe_keys, load, view, shutdown)"
+            "unknown command {other:?} (status, log, kv, ping, bench, multicast, aggregate, fault, routing, send_keys, keys_seen, probe_keys, load, view, shutdown)"
         )),
     }
 }

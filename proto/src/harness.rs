@@ -189,6 +189,23 @@ struct Links {
 }
 
 impl Links {
+    /// `links` idle links between A and B, as the scenario models them.
+    fn new(sc: &Scenario, links: u8) -> Links {
+        Links {
+            busy: [
+                vec![Time::ZERO; usize::from(links)],
+                vec![Time::ZERO; usize::from(links)],
+            ],
+            heap: BinaryHeap::new(),
+            order: 0,
+            rng: SplitMix64::new(sc.seed),
+            model: sc.model,
+            cut: sc.cut.map(|(l, t)| (l, Time::ZERO + t)),
+            known_down: sc.cut.map(|(l, t)| (l, Time::ZERO + t + sc.detect)),
+            per_link: vec![0; usize::from(links)],
+        }
+    }
+
     fn frame_time(&self, len: usize) -> Duration {
         Duration::from_nanos(
             ((len as u128 + 24) * 8 * 1_000_000_000 / u128::from(self.model.rate_bps.max(1)))
@@ -419,25 +436,115 @@ pub fn payload_matches(id: u64, data: &[u8]) -> bool {
     rest == &x.to_le_bytes()[..rest.len()]
 }
 
+/// B takes frames from its ring at its own speed (and, pacing, tells A how much room the
+/// ring has).
+fn take_from_ring(
+    b: &mut Transport,
+    rx: RxRing,
+    ring: &mut std::collections::VecDeque<Vec<u8>>,
+    rx_free_at: &mut Time,
+    now: Time,
+) {
+    let per_frame = Duration::from_nanos(1_000_000_000 / rx.rate_fps.max(1));
+    while *rx_free_at <= now {
+        let Some(f) = ring.pop_front() else {
+            break;
+        };
+        let _ = b.handle_frame(now, &f);
+        *rx_free_at = now + per_frame;
+    }
+    if rx.pacing {
+        b.set_rx_room(now, (rx.frames - ring.len()) as u32);
+    }
+}
+
+/// A queues the scenario's next messages until its queue is full or all are sent (a
+/// message refused for room is kept in `pending` for the next turn).
+fn feed(
+    a: &mut Transport,
+    sc: &Scenario,
+    now: Time,
+    next_id: &mut u64,
+    pending: &mut Option<Vec<u8>>,
+    sizes: &mut SplitMix64,
+) {
+    while *next_id < sc.messages {
+        let data = pending.take().unwrap_or_else(|| {
+            let len = match sc.sizes {
+                Sizes::Fixed(n) => n,
+                Sizes::Uniform(lo, hi) => lo + sizes.below((hi - lo + 1) as u64) as usize,
+            };
+            payload(*next_id, len.max(8))
+        });
+        let m = Outgoing {
+            dest: B,
+            service: 7,
+            data: &data,
+            reliable: sc.reliable,
+            fences: fences_of(*next_id, sc.fence_every),
+            tag: *next_id,
+            from: 7,
+        };
+        match a.send(now, m) {
+            Ok(()) => *next_id += 1,
+            Err(SendError::WouldBlock) => {
+                *pending = Some(data);
+                break;
+            }
+            Err(_) => {
+                // Too large for a short message: counted as lost.
+                *next_id += 1;
+            }
+        }
+    }
+}
+
+/// Completes the oracle's report `r` (its time already set) with both ends' counts.
+fn finish(
+    mut r: Report,
+    sc: &Scenario,
+    a: &Transport,
+    b: &Transport,
+    per_link: Vec<u64>,
+) -> Report {
+    let (sa, sb) = (a.stats(), b.stats());
+    r.lost = sc.messages - r.delivered;
+    r.data_frames = sa.data_frames + sb.data_frames;
+    r.retransmitted_frames = sa.retransmitted_frames + sb.retransmitted_frames;
+    r.ack_frames = sa.ack_frames + sb.ack_frames;
+    r.nack_frames = sa.nack_frames + sb.nack_frames;
+    r.short_frames = sa.short_frames + sb.short_frames;
+    let frames = if sc.reliable {
+        sa.data_frames
+    } else {
+        sa.short_frames
+    };
+    let msgs = if sc.reliable {
+        sa.messages_sent
+    } else {
+        sa.short_messages_sent
+    };
+    r.messages_per_frame = msgs as f64 / frames.max(1) as f64;
+    r.extra_frames_pct = 100.0 * (r.ack_frames + r.nack_frames + r.retransmitted_frames) as f64
+        / r.data_frames.max(1) as f64;
+    r.out_of_order_frames_pct =
+        100.0 * sb.out_of_order_frames as f64 / sb.frames_received.max(1) as f64;
+    r.frames_per_link = per_link;
+    let bytes: f64 = match sc.sizes {
+        Sizes::Fixed(n) => (n.max(8) as f64) * r.delivered as f64,
+        Sizes::Uniform(lo, hi) => ((lo + hi) as f64 / 2.0).max(8.0) * r.delivered as f64,
+    };
+    r.goodput_gbps = bytes * 8.0 / r.sim_time.as_nanos().max(1) as f64;
+    r
+}
+
 /// Runs a scenario to the end (or its time limit) and reports what happened.
 pub fn run(sc: &Scenario) -> Report {
     let links = sc.links.clamp(1, LinkSet::CAPACITY);
     let mtu = sc.transport.mtu;
     let mut a = Transport::new(A, sc.transport);
     let mut b = Transport::new(B, sc.transport);
-    let mut net = Links {
-        busy: [
-            vec![Time::ZERO; usize::from(links)],
-            vec![Time::ZERO; usize::from(links)],
-        ],
-        heap: BinaryHeap::new(),
-        order: 0,
-        rng: SplitMix64::new(sc.seed),
-        model: sc.model,
-        cut: sc.cut.map(|(l, t)| (l, Time::ZERO + t)),
-        known_down: sc.cut.map(|(l, t)| (l, Time::ZERO + t + sc.detect)),
-        per_link: vec![0; usize::from(links)],
-    };
+    let mut net = Links::new(sc, links);
     let mut sizes = SplitMix64::new(sc.seed ^ 0x5151);
     let mut oracle = Oracle::new(sc.messages, sc.fence_every);
     let mut next_id = 0u64;
@@ -475,19 +582,8 @@ pub fn run(sc: &Scenario) -> Report {
                 }
             }
         }
-        // B takes frames from its ring at its own speed.
         if let Some(rx) = sc.receiver {
-            let per_frame = Duration::from_nanos(1_000_000_000 / rx.rate_fps.max(1));
-            while rx_free_at <= now {
-                let Some(f) = ring.pop_front() else {
-                    break;
-                };
-                let _ = b.handle_frame(now, &f);
-                rx_free_at = now + per_frame;
-            }
-            if rx.pacing {
-                b.set_rx_room(now, (rx.frames - ring.len()) as u32);
-            }
+            take_from_ring(&mut b, rx, &mut ring, &mut rx_free_at, now);
         }
         for node in [&mut a, &mut b] {
             if node.poll_timeout().is_some_and(|t| t <= now) {
@@ -498,37 +594,7 @@ pub fn run(sc: &Scenario) -> Report {
         for dir in 0..2 {
             loop {
                 if dir == 0 {
-                    while next_id < sc.messages {
-                        let data = pending.take().unwrap_or_else(|| {
-                            let len = match sc.sizes {
-                                Sizes::Fixed(n) => n,
-                                Sizes::Uniform(lo, hi) => {
-                                    lo + sizes.below((hi - lo + 1) as u64) as usize
-                                }
-                            };
-                            payload(next_id, len.max(8))
-                        });
-                        let m = Outgoing {
-                            dest: B,
-                            service: 7,
-                            data: &data,
-                            reliable: sc.reliable,
-                            fences: fences_of(next_id, sc.fence_every),
-                            tag: next_id,
-                            from: 7,
-                        };
-                        match a.send(now, m) {
-                            Ok(()) => next_id += 1,
-                            Err(SendError::WouldBlock) => {
-                                pending = Some(data);
-                                break;
-                            }
-                            Err(_) => {
-                                // Too large for a short message: counted as lost.
-                                next_id += 1;
-                            }
-                        }
-                    }
+                    feed(&mut a, sc, now, &mut next_id, &mut pending, &mut sizes);
                 }
                 let room = net.room(dir, links, now, mtu);
                 let usable = net.usable(links, now);
@@ -587,36 +653,8 @@ pub fn run(sc: &Scenario) -> Report {
         }
     }
 
-    let (sa, sb) = (a.stats(), b.stats());
     let mut r = oracle.report;
     r.rx_ring_drops = rx_ring_drops;
-    r.lost = sc.messages - r.delivered;
-    r.data_frames = sa.data_frames + sb.data_frames;
-    r.retransmitted_frames = sa.retransmitted_frames + sb.retransmitted_frames;
-    r.ack_frames = sa.ack_frames + sb.ack_frames;
-    r.nack_frames = sa.nack_frames + sb.nack_frames;
-    r.short_frames = sa.short_frames + sb.short_frames;
-    let frames = if sc.reliable {
-        sa.data_frames
-    } else {
-        sa.short_frames
-    };
-    let msgs = if sc.reliable {
-        sa.messages_sent
-    } else {
-        sa.short_messages_sent
-    };
-    r.messages_per_frame = msgs as f64 / frames.max(1) as f64;
-    r.extra_frames_pct = 100.0 * (r.ack_frames + r.nack_frames + r.retransmitted_frames) as f64
-        / r.data_frames.max(1) as f64;
-    r.out_of_order_frames_pct =
-        100.0 * sb.out_of_order_frames as f64 / sb.frames_received.max(1) as f64;
-    r.frames_per_link = net.per_link;
     r.sim_time = last_delivery.since(Time::ZERO).max(now.since(Time::ZERO));
-    let bytes: f64 = match sc.sizes {
-        Sizes::Fixed(n) => (n.max(8) as f64) * r.delivered as f64,
-        Sizes::Uniform(lo, hi) => ((lo + hi) as f64 / 2.0).max(8.0) * r.delivered as f64,
-    };
-    r.goodput_gbps = bytes * 8.0 / r.sim_time.as_nanos().max(1) as f64;
-    r
+    finish(r, sc, &a, &b, net.per_link)
 }

@@ -136,13 +136,9 @@ fn serve(s: UnixStream, cfg: &AppsConfig, gid: Option<u32>, shared: &Arc<Shared>
     );
 }
 
-fn attach(
-    s: &UnixStream,
-    req: &Value,
-    cfg: &AppsConfig,
-    gid: Option<u32>,
-    shared: &Arc<Shared>,
-) -> Result<Arc<AppInfo>, String> {
+/// The attaching peer's pid and uid, when it may attach: root, torusd's own user, or a
+/// member of the `[apps] group`.
+fn admit_peer(s: &UnixStream, cfg: &AppsConfig, gid: Option<u32>) -> Result<(i32, u32), String> {
     let (pid, uid, pgid, groups) =
         sys::peer_credentials(s).map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
     // SAFETY: geteuid has no preconditions.
@@ -158,6 +154,12 @@ fn attach(
             ),
         });
     }
+    Ok((pid, uid))
+}
+
+/// The service name an attach request asks for, once the request is checked (its command,
+/// the channel layout's version, the name's form).
+fn attach_name(req: &Value) -> Result<&str, String> {
     if req.get("cmd").and_then(Value::as_str) != Some("attach") {
         return Err("the first request must be {\"cmd\":\"attach\",\"name\":...}".into());
     }
@@ -179,6 +181,44 @@ fn attach(
             "bad service name {name:?}: 1..={MAX_NAME} bytes, no spaces or control characters"
         ));
     }
+    Ok(name)
+}
+
+/// Lists `info` among the attached applications, unless its service id is taken or the
+/// host is full (applications that died are forgotten first).
+fn enlist(shared: &Shared, cfg: &AppsConfig, info: &Arc<AppInfo>) -> Result<(), String> {
+    let (name, service) = (info.name.as_str(), info.service);
+    let mut apps = shared.apps.apps.lock();
+    apps.retain(|a| !a.dead.load(Ordering::Acquire));
+    if let Some(a) = apps.iter().find(|a| a.service == service) {
+        return Err(if a.name == name {
+            format!("service {name:?} is attached already (pid {})", a.pid)
+        } else {
+            format!(
+                "service {name:?} would get id {service}, taken by {:?} on this server: choose another name",
+                a.name
+            )
+        });
+    }
+    if apps.len() >= cfg.max_apps {
+        return Err(format!(
+            "{} applications are attached, the most this torusd takes",
+            apps.len()
+        ));
+    }
+    apps.push(info.clone());
+    Ok(())
+}
+
+fn attach(
+    s: &UnixStream,
+    req: &Value,
+    cfg: &AppsConfig,
+    gid: Option<u32>,
+    shared: &Arc<Shared>,
+) -> Result<Arc<AppInfo>, String> {
+    let (pid, uid) = admit_peer(s, cfg, gid)?;
+    let name = attach_name(req)?;
     let service = channel::service_id(name);
     let info = Arc::new(AppInfo {
         name: name.to_string(),
@@ -191,27 +231,7 @@ fn attach(
         closed_why: Default::default(),
         counters: Default::default(),
     });
-    {
-        let mut apps = shared.apps.apps.lock();
-        apps.retain(|a| !a.dead.load(Ordering::Acquire));
-        if let Some(a) = apps.iter().find(|a| a.service == service) {
-            return Err(if a.name == name {
-                format!("service {name:?} is attached already (pid {})", a.pid)
-            } else {
-                format!(
-                    "service {name:?} would get id {service}, taken by {:?} on this server: choose another name",
-                    a.name
-                )
-            });
-        }
-        if apps.len() >= cfg.max_apps {
-            return Err(format!(
-                "{} applications are attached, the most this torusd takes",
-                apps.len()
-            ));
-        }
-        apps.push(info.clone());
-    }
+    enlist(shared, cfg, &info)?;
     let fail = |e: String| {
         info.dead.store(true, Ordering::Release);
         e

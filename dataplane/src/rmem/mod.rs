@@ -538,6 +538,19 @@ impl RmemService {
         self.outbox.push_back((to, Out::Owned(data), opts));
     }
 
+    /// Ends an operation before anything was sent for it (its arguments are bad, or there
+    /// is nothing to do), with `status` and no bytes.
+    fn end_at_once(&self, owner: u16, tag: u64, status: Status) {
+        self.rm.push_event(
+            owner,
+            RmEvent::Done {
+                tag,
+                status,
+                bytes: 0,
+            },
+        );
+    }
+
     fn start(&mut self, now: Time, node: &dyn Engine, c: RmCommand) {
         let op = self.next_op;
         self.next_op = self.next_op.wrapping_add(1).max(1);
@@ -553,25 +566,11 @@ impl RmemService {
             } => {
                 let peer = coord(cap.server);
                 let Some(base) = cap.offset.checked_add(offset) else {
-                    self.rm.push_event(
-                        owner,
-                        RmEvent::Done {
-                            tag,
-                            status: Status::Invalid,
-                            bytes: 0,
-                        },
-                    );
+                    self.end_at_once(owner, tag, Status::Invalid);
                     return;
                 };
                 if !node.dims().contains(peer) {
-                    self.rm.push_event(
-                        owner,
-                        RmEvent::Done {
-                            tag,
-                            status: Status::Invalid,
-                            bytes: 0,
-                        },
-                    );
+                    self.end_at_once(owner, tag, Status::Invalid);
                     return;
                 }
                 self.ops.insert(
@@ -607,25 +606,11 @@ impl RmemService {
                     && node.dims().contains(peer)
                     && self.rm.table.lock().has(owner, region, local_offset, len);
                 let Some(base) = cap.offset.checked_add(offset).filter(|_| ok) else {
-                    self.rm.push_event(
-                        owner,
-                        RmEvent::Done {
-                            tag,
-                            status: Status::Invalid,
-                            bytes: 0,
-                        },
-                    );
+                    self.end_at_once(owner, tag, Status::Invalid);
                     return;
                 };
                 if len == 0 {
-                    self.rm.push_event(
-                        owner,
-                        RmEvent::Done {
-                            tag,
-                            status: Status::Ok,
-                            bytes: 0,
-                        },
-                    );
+                    self.end_at_once(owner, tag, Status::Ok);
                     return;
                 }
                 self.rm.table.lock().reads.insert(

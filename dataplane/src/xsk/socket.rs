@@ -137,50 +137,8 @@ impl XskSocket {
             "mmap(completion ring)",
         )?;
 
-        let mut addr = SockaddrXdp {
-            family: sys::AF_XDP as u16,
-            flags: 0,
-            ifindex,
-            queue_id: queue,
-            shared_umem_fd: 0,
-        };
+        bind(&fd, ifindex, queue, share, cfg, ifname)?;
         let mut zero_copy = false;
-        match share {
-            Some(owner) => {
-                // Shared sockets inherit the owner's mode and flags; the kernel refuses any.
-                addr.flags = sys::XDP_SHARED_UMEM;
-                addr.shared_umem_fd = owner.fd.as_raw_fd() as u32;
-                bind_retry(&fd, &addr)?;
-            }
-            None => {
-                let mut base = 0;
-                if cfg.need_wakeup {
-                    base |= sys::XDP_USE_NEED_WAKEUP;
-                }
-                if cfg.multi_buffer {
-                    base |= sys::XDP_USE_SG;
-                }
-                let try_zc = matches!(cfg.mode, CopyMode::Auto | CopyMode::ZeroCopy);
-                let mut bound = false;
-                if try_zc {
-                    addr.flags = base | sys::XDP_ZEROCOPY;
-                    match bind_retry(&fd, &addr) {
-                        Ok(()) => bound = true,
-                        Err(e) if cfg.mode == CopyMode::ZeroCopy => {
-                            return Err(io::Error::new(
-                                e.kind(),
-                                format!("{ifname}: zero-copy refused by the driver ({e})"),
-                            ))
-                        }
-                        Err(_) => {}
-                    }
-                }
-                if !bound {
-                    addr.flags = base | sys::XDP_COPY;
-                    bind_retry(&fd, &addr).map_err(|e| explain_bind(ifname, queue, e))?;
-                }
-            }
-        }
         if let Ok(opts) = sys::getsockopt::<u32>(&fd, sys::XDP_OPTIONS, "getsockopt(XDP_OPTIONS)") {
             zero_copy = opts & sys::XDP_OPTIONS_ZEROCOPY != 0;
         }
@@ -252,6 +210,62 @@ impl AsRawFd for XskSocket {
 /// bind(), retrying EBUSY for a while: a queue whose previous socket just closed stays busy
 /// for a moment (seen here: more than 3 s once, when the previous owner was a process that
 /// had just exited).
+/// Binds `fd` to `queue` of `ifindex`: sharing `share`'s UMEM, or on its own in zero-copy
+/// mode when the driver has it and `cfg` allows, else in copy mode.
+fn bind(
+    fd: &OwnedFd,
+    ifindex: u32,
+    queue: u32,
+    share: Option<&XskSocket>,
+    cfg: &SocketConfig,
+    ifname: &str,
+) -> io::Result<()> {
+    let mut addr = SockaddrXdp {
+        family: sys::AF_XDP as u16,
+        flags: 0,
+        ifindex,
+        queue_id: queue,
+        shared_umem_fd: 0,
+    };
+    match share {
+        Some(owner) => {
+            // Shared sockets inherit the owner's mode and flags; the kernel refuses any.
+            addr.flags = sys::XDP_SHARED_UMEM;
+            addr.shared_umem_fd = owner.fd.as_raw_fd() as u32;
+            bind_retry(fd, &addr)?;
+        }
+        None => {
+            let mut base = 0;
+            if cfg.need_wakeup {
+                base |= sys::XDP_USE_NEED_WAKEUP;
+            }
+            if cfg.multi_buffer {
+                base |= sys::XDP_USE_SG;
+            }
+            let try_zc = matches!(cfg.mode, CopyMode::Auto | CopyMode::ZeroCopy);
+            let mut bound = false;
+            if try_zc {
+                addr.flags = base | sys::XDP_ZEROCOPY;
+                match bind_retry(fd, &addr) {
+                    Ok(()) => bound = true,
+                    Err(e) if cfg.mode == CopyMode::ZeroCopy => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("{ifname}: zero-copy refused by the driver ({e})"),
+                        ))
+                    }
+                    Err(_) => {}
+                }
+            }
+            if !bound {
+                addr.flags = base | sys::XDP_COPY;
+                bind_retry(fd, &addr).map_err(|e| explain_bind(ifname, queue, e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn bind_retry(fd: &OwnedFd, addr: &SockaddrXdp) -> io::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -85,6 +85,16 @@ impl Connection {
         }
     }
 
+    /// Puts the connection on the transport's `urgent` list (it has a SYNC, a
+    /// retransmission, an ACK or a NACK to send), once.
+    #[inline(always)]
+    pub fn enlist(&mut self, urgent: &mut std::collections::VecDeque<Coord>) {
+        if !self.urgent {
+            self.urgent = true;
+            urgent.push_back(self.peer);
+        }
+    }
+
     /// Starts both streams over (the peer's instance changed): frames in flight and partly
     /// received messages are dropped, the buffers go back to `pool`. The unacknowledged
     /// messages stay in `sent` for the caller to report; the lifecycle is kept.

@@ -23,6 +23,13 @@ impl std::fmt::Debug for Placers {
 }
 
 impl Placers {
+    /// Whether `service` has a placer.
+    #[inline(always)]
+    pub(super) fn has(&self, service: u16) -> bool {
+        self.0.iter().any(|(s, _)| *s == service)
+    }
+
+    /// The placer of `service`, if it has one.
     pub(super) fn get(&mut self, service: u16) -> Option<&mut Box<dyn Placer>> {
         self.0
             .iter_mut()

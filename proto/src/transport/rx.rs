@@ -115,15 +115,7 @@ impl Transport {
         view: FrameView<'f>,
         lend: bool,
     ) -> Result<Option<Lent<'f>>, RecvError> {
-        if h.dst != Dest::Server(self.local) {
-            return Err(RecvError::NotForUs);
-        }
-        if h.src == self.local {
-            return Err(RecvError::FromSelf);
-        }
-        if h.kind == Kind::Control {
-            return Err(RecvError::UnexpectedKind);
-        }
+        self.check_addressed(&h)?;
         let batch = self.check_batch(&h, &view)?;
         if h.kind == Kind::Data && !h.has(flags::RELIABLE) {
             return Ok(self.receive_short(&h, view, batch, lend));
@@ -153,10 +145,7 @@ impl Transport {
             // Sent to, or by, an instance that is gone: tell the peer who we are now.
             self.stats.stale_frames += 1;
             conn.life.want_sync(now);
-            if !conn.urgent {
-                conn.urgent = true;
-                self.urgent.push_back(h.src);
-            }
+            conn.enlist(&mut self.urgent);
             schedule(&mut self.deadlines, conn);
             return Err(RecvError::Stale);
         }
@@ -181,16 +170,13 @@ impl Transport {
                     // Lent when nothing is queued ahead of it and nothing would take it
                     // apart from an application's inbox (a placer, a notice, a refusal);
                     // `lone_in_order` goes last, for it marks the message delivered.
-                    let lends = lend
-                        && self.events.is_empty()
-                        && h.service != NOTICES
-                        && self.placers.get(h.service).is_none()
-                        && self
-                            .hosted
-                            .as_deref()
-                            .and_then(|x| x.refusal(h.service))
-                            .is_none()
-                        && lone_in_order(conn, &h);
+                    let lends =
+                        lend && nothing_takes_apart(
+                            &self.events,
+                            &self.placers,
+                            self.hosted.as_deref(),
+                            &h,
+                        ) && lone_in_order(conn, &h);
                     if lends {
                         self.stats.messages_delivered += 1;
                         lent = Some(Lent {
@@ -221,24 +207,37 @@ impl Transport {
         // The peer refused messages of ours: the services that sent them learn which, below.
         // (A notice names the service a message was for; the number alone finds it.)
         if !self.notices.is_empty() {
-            for (_, msn, why) in self.notices.drain(..) {
-                self.stats.refused_by_peers += 1;
-                match conn.sent.tag_of(msn) {
-                    Some((service, tag)) => self.refused_by_peer.push((service, tag, why)),
-                    None => self.stats.notices_unmatched += 1,
-                }
-            }
+            match_notices(
+                conn,
+                &mut self.notices,
+                &mut self.refused_by_peer,
+                &mut self.stats,
+            );
         }
-        let needs = conn.send.has_retransmit() || conn.recv.ack_due(now) || conn.recv.nack_due(now);
-        if needs && !conn.urgent {
-            conn.urgent = true;
-            self.urgent.push_back(h.src);
+        if conn.send.has_retransmit() || conn.recv.ack_due(now) || conn.recv.nack_due(now) {
+            conn.enlist(&mut self.urgent);
         }
         schedule(&mut self.deadlines, conn);
         if !(self.refused.is_empty() && self.refused_by_peer.is_empty()) {
             self.settle_refusals(now, h.src);
         }
         result.map(|()| lent)
+    }
+
+    /// Checks that the frame is for this server, from another one, and of a transport's
+    /// kind (control frames are the control process's).
+    #[inline(always)]
+    fn check_addressed(&self, h: &Header) -> Result<(), RecvError> {
+        if h.dst != Dest::Server(self.local) {
+            return Err(RecvError::NotForUs);
+        }
+        if h.src == self.local {
+            return Err(RecvError::FromSelf);
+        }
+        if h.kind == Kind::Control {
+            return Err(RecvError::UnexpectedKind);
+        }
+        Ok(())
     }
 
     /// Checks an aggregated frame's messages before anything is taken from it (a frame is
@@ -601,6 +600,38 @@ pub(super) fn waits(c: &Connection) -> bool {
 /// Whether the reliable frame `h` holds one whole message that is the next of its
 /// connection, with no fence to wait for and nothing held or delivered out of order: then
 /// it is marked delivered here, and the caller hands it out as it is (lent from the frame).
+/// Whether a message of `h`'s service may skip the inbox: nothing is queued ahead of it,
+/// and no placer, notice or refusal would take it apart from its frame.
+#[inline(always)]
+fn nothing_takes_apart(
+    events: &Inbox,
+    placers: &Placers,
+    hosted: Option<&HostedServices>,
+    h: &Header,
+) -> bool {
+    events.is_empty()
+        && h.service != NOTICES
+        && !placers.has(h.service)
+        && hosted.and_then(|x| x.refusal(h.service)).is_none()
+}
+
+/// Finds the messages of ours that the peer's notices name (by message number) and lists
+/// them, with their service and tag, in `refused_by_peer` for their senders' reports.
+fn match_notices(
+    conn: &Connection,
+    notices: &mut Vec<(u16, u64, FailReason)>,
+    refused_by_peer: &mut Vec<(u16, u64, FailReason)>,
+    stats: &mut Stats,
+) {
+    for (_, msn, why) in notices.drain(..) {
+        stats.refused_by_peers += 1;
+        match conn.sent.tag_of(msn) {
+            Some((service, tag)) => refused_by_peer.push((service, tag, why)),
+            None => stats.notices_unmatched += 1,
+        }
+    }
+}
+
 pub(super) fn lone_in_order(conn: &mut Connection, h: &Header) -> bool {
     if h.has(flags::AGGREGATED)
         || !h.has(flags::FRAG_FIRST)

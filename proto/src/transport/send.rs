@@ -148,10 +148,7 @@ impl Transport {
     /// Marks `peer` as having something urgent (SYNC, retransmission, ACK, NACK) to send.
     pub(super) fn mark_urgent(&mut self, peer: Coord) {
         if let Some(c) = self.conns.get_mut(&peer) {
-            if !c.urgent {
-                c.urgent = true;
-                self.urgent.push_back(peer);
-            }
+            c.enlist(&mut self.urgent);
         }
     }
 
@@ -271,10 +268,7 @@ impl Transport {
                 // Nothing goes before the handshake: ask for it, and start the deadline.
                 c.life.want_sync(now);
                 c.life.set_waiting(now, true, false);
-                if !c.urgent {
-                    c.urgent = true;
-                    urgent.push_back(m.dest);
-                }
+                c.enlist(urgent);
                 schedule(deadlines, c);
             }
             Ok(())

@@ -65,9 +65,8 @@ impl Transport {
                     || c.recv.ack_due(now)
                     || c.recv.nack_due(now)
                     || c.life.sync_due(now);
-                if needs && !c.urgent {
-                    c.urgent = true;
-                    self.urgent.push_back(peer);
+                if needs {
+                    c.enlist(&mut self.urgent);
                 }
             }
             self.note(peer);
