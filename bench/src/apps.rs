@@ -17,7 +17,7 @@ use serde_json::json;
 use torusnet_client::channel::{service_id, APP_HEADER};
 use torusnet_client::{Address, Client, Dest, Error, Event, SendOptions, Wait};
 use torusnet_dataplane::config::NodeConfig;
-use torusnet_dataplane::runtime::Dataplane;
+use torusnet_dataplane::runtime::{Dataplane, ServiceAt};
 use torusnet_proto::node::{Event as NodeEvent, MsgOptions, Target};
 use torusnet_proto::topology::Coord;
 use torusnet_proto::transport::SendError;
@@ -197,9 +197,10 @@ fn embedded_run(
         from: Some(EMBEDDED_SERVICE),
         ..MsgOptions::default()
     };
+    let at = ServiceAt::new(target, to.service);
     // The first messages wait for the handshake with the peer: warm up.
     let warm = framed(msg(b'E'));
-    svc.send_to_blocking(target, to.service, &warm, opts, Duration::from_secs(5))
+    svc.send_blocking(at, &warm, opts, Duration::from_secs(5))
         .map_err(|e| e.to_string())?;
     let until = Instant::now() + Duration::from_secs(5);
     let mut seen = Vec::new();
@@ -228,7 +229,7 @@ fn embedded_run(
             ));
         }
         while sent < a.messages {
-            match svc.send_to(target, to.service, &sink, MsgOptions { tag: sent, ..opts }) {
+            match svc.send(at, &sink, MsgOptions { tag: sent, ..opts }) {
                 Ok(()) => sent += 1,
                 Err(SendError::WouldBlock) => break,
                 Err(e) => return Err(e.to_string()),
@@ -249,7 +250,7 @@ fn embedded_run(
     let mut rtts = Vec::with_capacity(a.pings as usize);
     for i in 0..a.pings + 1000 {
         let t = Instant::now();
-        svc.send_to_blocking(target, to.service, &ping, opts, Duration::from_secs(2))
+        svc.send_blocking(at, &ping, opts, Duration::from_secs(2))
             .map_err(|e| e.to_string())?;
         loop {
             match svc.recv_timeout(Duration::from_secs(2)) {

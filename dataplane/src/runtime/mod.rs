@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-pub use service::ServiceHandle;
+pub use service::{ServiceAt, ServiceHandle};
 
 use crate::config::NodeConfig;
 use crate::netns::format_mac;

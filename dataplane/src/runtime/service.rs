@@ -12,6 +12,37 @@ use torusnet_proto::wire::TORUS_LEN;
 
 use crate::shared::{Command, ServiceInbox, Shared};
 
+/// Where an embedded service's message goes: a target, and the service there (by default
+/// the sender's own id, the usual case of one service talking to its peers).
+#[derive(Debug, Clone, Copy)]
+pub struct ServiceAt {
+    /// The server, or the key whose root takes it.
+    pub target: Target,
+    /// The service there; `None`: the sender's own id.
+    pub service: Option<u16>,
+}
+
+impl ServiceAt {
+    /// Service `service` at `target`.
+    pub fn new(target: Target, service: u16) -> ServiceAt {
+        ServiceAt {
+            target,
+            service: Some(service),
+        }
+    }
+}
+
+impl From<Target> for ServiceAt {
+    fn from(target: Target) -> ServiceAt {
+        ServiceAt {
+            target,
+            service: None,
+        }
+    }
+}
+
+/// A service embedded in torusd's process: it sends through the pollers' command queues and
+/// receives from its own inbox.
 #[derive(Debug, Clone)]
 pub struct ServiceHandle {
     pub(super) id: u16,
@@ -25,24 +56,20 @@ impl ServiceHandle {
         self.id
     }
 
-    /// Queues a message for the poller; `WouldBlock` when the queue to the poller is full
-    /// (the transport's own back-pressure reaches here through it). A message taken ends in
-    /// one report to this service when it was reliable and acknowledgements were asked for
+    /// Queues a message for the poller, to `to` (a [`Target`] alone means this service's
+    /// id there); `WouldBlock` when the queue to the poller is full (the transport's own
+    /// back-pressure reaches here through it). A message taken ends in one report to this
+    /// service when it was reliable and acknowledgements were asked for
     /// ([`ServiceHandle::notify_acks`]), and in an [`Event::Failed`] whenever it cannot be
-    /// delivered, naming it by `opts.tag`.
-    pub fn send(&self, target: Target, data: &[u8], opts: MsgOptions) -> Result<(), SendError> {
-        self.send_to(target, self.id, data, opts)
-    }
-
-    /// Sends to service `service` at the target (another service than this one's id there);
-    /// reports still come to this service.
-    pub fn send_to(
+    /// delivered, naming it by `opts.tag`. Reports come to this service whichever service
+    /// the message was for.
+    pub fn send(
         &self,
-        target: Target,
-        service: u16,
+        to: impl Into<ServiceAt>,
         data: &[u8],
         opts: MsgOptions,
     ) -> Result<(), SendError> {
+        let ServiceAt { target, service } = to.into();
         let max = if opts.reliable {
             self.shared.max_message
         } else {
@@ -61,7 +88,7 @@ impl ServiceHandle {
         }
         let c = Command::Send {
             target,
-            service,
+            service: service.unwrap_or(self.id),
             data: data.to_vec(),
             opts: MsgOptions {
                 from: Some(self.id),
@@ -71,30 +98,19 @@ impl ServiceHandle {
         self.shared.push(c).map_err(|_| SendError::WouldBlock)
     }
 
-    /// Sends, retrying while the queue is full, up to `timeout`.
+    /// [`ServiceHandle::send`], retrying while the queue is full, up to `timeout`.
     pub fn send_blocking(
         &self,
-        target: Target,
+        to: impl Into<ServiceAt>,
         data: &[u8],
         opts: MsgOptions,
         timeout: Duration,
     ) -> Result<(), SendError> {
-        self.send_to_blocking(target, self.id, data, opts, timeout)
-    }
-
-    /// [`ServiceHandle::send_to`], retrying while the queue is full, up to `timeout`.
-    pub fn send_to_blocking(
-        &self,
-        target: Target,
-        service: u16,
-        data: &[u8],
-        opts: MsgOptions,
-        timeout: Duration,
-    ) -> Result<(), SendError> {
+        let to = to.into();
         let deadline = Instant::now() + timeout;
         let backoff = crossbeam_utils::Backoff::new();
         loop {
-            match self.send_to(target, service, data, opts) {
+            match self.send(to, data, opts) {
                 Err(SendError::WouldBlock) if Instant::now() < deadline => {
                     if backoff.is_completed() {
                         std::thread::sleep(Duration::from_micros(50));
