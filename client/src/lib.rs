@@ -25,6 +25,7 @@
 //! [`Client`] and its attach; the calls live by what they do: `submit.rs` (sending),
 //! `receive.rs` (events), `rpc.rs` (calls), `buffers.rs` (return buffers), `control.rs`
 //! (the attach socket's requests), with the vocabulary in `types.rs` and `error.rs`.
+#![warn(missing_docs)]
 
 mod buffers;
 pub mod channel;

@@ -1,6 +1,7 @@
 //! The torusnet dataplane: the XDP program that steers torus frames into AF_XDP sockets,
 //! the sockets, the pollers that move frames between them and the protocol engine, and
 //! the runtime of `torusd` (its layout: ARCHITECTURE.md at the repository's root).
+#![warn(missing_docs)]
 
 pub mod apps;
 pub mod carrier;

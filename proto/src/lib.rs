@@ -3,6 +3,7 @@
 //! Everything here decides something and does no I/O: no syscalls, no threads, no clock of
 //! its own. Time comes in as an argument and frames come in as bytes, so the same code runs
 //! under the AF_XDP dataplane, the in-memory test links, the simulator and the fuzzers.
+#![warn(missing_docs)]
 
 mod byte_run;
 pub mod control;

@@ -11,6 +11,7 @@
 //! - [`multicast`]: CamCube's file distribution over one spanning tree per link direction.
 //! - [`names`]: the directory of service names on the key space (where an application's
 //!   service runs, for applications attached from their own processes).
+#![warn(missing_docs)]
 
 pub mod aggregate;
 pub mod builtin;

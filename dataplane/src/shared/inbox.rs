@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crossbeam_queue::ArrayQueue;
 use torusnet_proto::node::Event;
 
+/// Events for one embedded service, with the eventfd it sleeps on when the queue is empty.
 #[derive(Debug)]
 pub struct ServiceInbox {
     pub(crate) queue: ArrayQueue<Event>,

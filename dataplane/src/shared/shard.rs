@@ -10,12 +10,18 @@ use parking_lot::Mutex;
 use super::{Command, Handoff, HandoffCounts};
 use crate::status::EngineSnapshot;
 
+/// What other threads share with one poller.
 #[derive(Debug)]
 pub struct ShardShared {
+    /// Commands for the poller (sends, requests, settings).
     pub(crate) commands: ArrayQueue<Command>,
+    /// Frames other pollers hand it for its links.
     pub(crate) handoff: ArrayQueue<Handoff>,
+    /// Set while the poller sleeps: a producer then kicks `wake`.
     pub(crate) sleeping: AtomicBool,
+    /// The eventfd the poller sleeps on.
     pub(crate) wake: OwnedFd,
+    /// The poller's latest engine snapshot, for status queries.
     pub(crate) snapshot: Mutex<EngineSnapshot>,
 }
 
