@@ -4,8 +4,8 @@
 //! deep receives every frame into the chunk posted N frames earlier: with N = 2048 a
 //! ping-pong walks through 8 MiB of packet memory, one cold 4 KiB page per frame, and the
 //! kernel's copy into it (on veth, inside the *sender's* transmit call) and the poller's read
-//! of it both miss the caches and the TLB. Measured on this machine (`torus-bench pingpong`,
-//! busy polling): p50 1.51-1.74x raw AF_XDP with 2048 chunks posted, 1.14-1.28x with 128.
+//! of it both miss the caches and the TLB (the round trips this cost are in
+//! docs/dataplane.md).
 //!
 //! A deep ring is only needed to absorb what arrives while the poller is away. A busy poller
 //! refills every turn, so its ring needs a few turns' worth of what one turn takes: the

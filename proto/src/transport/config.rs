@@ -5,9 +5,8 @@ use super::*;
 /// Settings of the transport.
 #[derive(Debug, Clone, Copy)]
 pub struct Config {
-    /// Sliding window per peer, in frames. 512 by measurement (`docs/transport.md`): the
-    /// knee of goodput at 100 us round trips over 3 links, and at most 4.6 MB held per
-    /// peer with jumbo frames.
+    /// Sliding window per peer, in frames (512 by default: how it was chosen is in
+    /// docs/transport.md).
     pub window: u32,
     /// Explicit ACK after this many frames with nothing to piggyback on.
     pub ack_every: u32,

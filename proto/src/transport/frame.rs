@@ -257,10 +257,9 @@ pub(super) struct SentFrame {
 /// Completes a data frame whose payload is written and whose header `h` has its message
 /// fields: the sequence number and the piggybacked ACK, the header written, the frame
 /// recorded in the send window (kept in the driver's buffer `keep`, or copied) and counted.
-///
-/// Always inline: it is the tail of both ways of building a data frame, and as a call of
-/// its own (eight arguments) it cost about 50 instructions per frame (`bench/transport-cost.sh`,
-/// unaggregated).
+// Always inline: it is the tail of both ways of building a data frame, and as a call of its
+// own (eight arguments) it cost about 50 instructions per frame (`bench/transport-cost.sh`,
+// unaggregated).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn finish_data_frame(

@@ -171,10 +171,9 @@ impl Transport {
     /// [`Transport::send`], with `run` the value every byte of the message has if the
     /// caller looked (once for many sends of the same bytes, as the simulator does): a
     /// compacting queue then does not look again.
-    ///
-    /// Always inline: the join is a few dozen instructions, and the compiler, left to
-    /// choose, stopped inlining it once a second caller appeared in a crate (a call per
-    /// message, 342 -> 381 instructions in `bench/transport-cost.sh`).
+    // Always inline: the join is a few dozen instructions, and the compiler, left to
+    // choose, stopped inlining it once a second caller appeared in a crate (a call per
+    // message, 342 -> 381 instructions in `bench/transport-cost.sh`).
     #[inline(always)]
     pub(crate) fn send_hinted(
         &mut self,

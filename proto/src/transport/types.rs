@@ -127,8 +127,7 @@ pub enum SendError {
     TooManyPeers,
     /// The service id is the transport's own ([`NOTICES`]): refused where messages from
     /// outside torusd enter (an application's). The transport does not look: every service
-    /// inside torusd is its own code, and a check per message cost 7-10 instructions of its
-    /// fast path.
+    /// inside torusd is its own code, and a check per message would cost its fast path.
     #[error("service {0} is reserved for the transport")]
     Reserved(u16),
     /// A reliable message for a service on this server itself that does not take it now
