@@ -147,6 +147,7 @@ impl StatCounts {
                 copies_sent: d(k.copies_sent, b.copies_sent),
                 copies_applied: d(k.copies_applied, b.copies_applied),
                 replica_failures: d(k.replica_failures, b.replica_failures),
+                not_primary: d(k.not_primary, b.not_primary),
                 fetches: d(k.fetches, b.fetches),
                 invalidations: d(k.invalidations, b.invalidations),
                 cache_hits: d(k.cache_hits, b.cache_hits),

@@ -174,6 +174,7 @@ pub struct KvCounters {
     copies_sent: AtomicU64,
     copies_applied: AtomicU64,
     replica_failures: AtomicU64,
+    not_primary: AtomicU64,
     fetches: AtomicU64,
     invalidations: AtomicU64,
     cache_hits: AtomicU64,
@@ -217,6 +218,9 @@ pub struct KvStats {
     pub copies_applied: u64,
     /// Replicas that did not confirm a write (failed or timed out).
     pub replica_failures: u64,
+    /// Operations turned back because a holder's view shows another primary for the key
+    /// (the views disagree for a moment: the requester asks again).
+    pub not_primary: u64,
     /// Keys a new primary fetched from the other holders before serving them.
     pub fetches: u64,
     /// Cached copies invalidated by writes.
@@ -279,6 +283,7 @@ impl KvCounters {
             copies_sent: g(&self.copies_sent),
             copies_applied: g(&self.copies_applied),
             replica_failures: g(&self.replica_failures),
+            not_primary: g(&self.not_primary),
             fetches: g(&self.fetches),
             invalidations: g(&self.invalidations),
             cache_hits: g(&self.cache_hits),
@@ -480,14 +485,28 @@ impl Kv {
                 }
             }
             Msg::Repl { id, key, copy } => {
+                let primary = node.key_root(routing_key(&key)) == Some(src);
                 let applied = self.take_copy(now, &key, copy);
                 if applied {
                     KvCounters::add(&self.counters.copies_applied, 1);
                 }
-                self.out.send(now, src, &Msg::Rack { id, applied }, 0);
+                // The copy is kept either way (it is newer or it is not; a server catching
+                // up gets copies from holders that are not primaries), but a write whose
+                // primary this server does not recognise must not be acknowledged.
+                let m = if primary {
+                    Msg::Rack { id, applied }
+                } else {
+                    Msg::Refused { id }
+                };
+                self.out.send(now, src, &m, 0);
             }
             Msg::Rack { id, applied } => self.confirmed(now, node, id, applied),
+            Msg::Refused { id } => self.refused(now, node, id),
             Msg::Fetch { id, key } => {
+                if node.key_root(routing_key(&key)) != Some(src) {
+                    self.out.send(now, src, &Msg::Refused { id }, 0);
+                    return;
+                }
                 let copy = self.store.copy_of(&key);
                 let floor = self.floor;
                 self.out

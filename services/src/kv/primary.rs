@@ -7,7 +7,10 @@
 //! A key this server has not held as primary since the last view change is *fetched* first:
 //! the other holders (the next `r` candidates) send what they have, and the newest copy
 //! wins. That is how a new primary learns of the last acknowledged write, and of a write it
-//! missed while it was away, before it answers or orders anything.
+//! missed while it was away, before it answers or orders anything. The key's cache servers
+//! drop their copies in the same step: the holders the previous primary knew of are not
+//! known here, and a cache server whose view lags would otherwise serve its copy past this
+//! primary's first acknowledged write.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
@@ -20,7 +23,7 @@ use torusnet_proto::topology::Coord;
 use super::ops::{apply, Change, Op, Outcome};
 use super::store::{Copy, Item};
 use super::wire::Msg;
-use super::{log, routing_key, Kv, KvCounters, Waits};
+use super::{cache, log, routing_key, Kv, KvCounters, Waits};
 
 /// How long a primary waits for a replica's confirmation or a holder's copy (the transport
 /// reports a failed peer sooner; this covers one that failed after taking the message).
@@ -33,20 +36,26 @@ struct Job {
     id: u64,
     op: Op,
     cache_fill: bool,
+    /// A read whose holders confirmed this server as the key's primary, and sent what they
+    /// have, since it reached the front of the queue.
+    checked: bool,
 }
 
 #[derive(Debug)]
 enum Busy {
     Idle,
-    /// Asking the other holders for their copies (ids outstanding).
+    /// Asking the other holders for their copies (ids outstanding; `refused`: a holder
+    /// takes another server for the key's primary).
     Fetching {
         ids: HashSet<u64>,
+        refused: bool,
     },
-    /// A write waits for replicas and cache servers (ids outstanding).
+    /// A write waits for replicas and cache servers (ids outstanding; `refused` as above).
     Writing {
         job: Job,
         outcome: Outcome,
         ids: HashSet<u64>,
+        refused: bool,
     },
 }
 
@@ -136,6 +145,7 @@ impl Kv {
             id,
             op,
             cache_fill,
+            checked: false,
         });
         self.advance(now, node, &key);
     }
@@ -161,32 +171,61 @@ impl Kv {
                     .send(now, job.from, &Msg::Redirect { id: job.id }, 0);
                 continue;
             }
-            if !self.primary.fresh.contains(key) {
+            // Writes need no check here: a replica that takes another server for the
+            // primary refuses the copy, and the write is not acknowledged. A read is
+            // answered from this copy only once the holders confirmed this server as the
+            // primary (a server cut off from the others' views, its control process gone,
+            // would otherwise answer with what changed since at another primary).
+            let fresh = self.primary.fresh.contains(key);
+            if !fresh || (!job.op.writes() && !job.checked) {
                 let holders: Vec<Coord> = node
                     .servers_for_key(kh, self.cfg.replicas + 1)
                     .into_iter()
                     .filter(|&c| c != me)
                     .collect();
-                if !holders.is_empty() {
+                let caches = if fresh {
+                    Vec::new()
+                } else {
+                    self.cache_roots(node, key)
+                };
+                if !holders.is_empty() || !caches.is_empty() {
                     KvCounters::add(&self.counters.fetches, 1);
                     let deadline = now + CONFIRM_TIMEOUT;
                     let mut ids = HashSet::new();
+                    let wait = (Wait::Fetch(key.to_vec()), deadline);
                     for h in holders {
                         let id = self.new_id();
                         ids.insert(id);
-                        self.primary
-                            .waits
-                            .insert(id, (Wait::Fetch(key.to_vec()), deadline));
+                        self.primary.waits.insert(id, wait.clone());
                         let m = Msg::Fetch {
                             id,
                             key: key.to_vec(),
                         };
                         self.out.send(now, h, &m, id);
                     }
+                    // The previous primary's cache holders are unknown here, and a cache
+                    // server whose view still shows that primary would keep serving its
+                    // copy after this server acknowledged a newer write. So every server
+                    // that may hold a copy drops it before anything is ordered here.
+                    for c in caches {
+                        let id = self.new_id();
+                        ids.insert(id);
+                        self.primary.waits.insert(id, wait.clone());
+                        KvCounters::add(&self.counters.invalidations, 1);
+                        let m = Msg::Invalidate {
+                            id,
+                            version: u64::MAX,
+                            key: key.to_vec(),
+                        };
+                        self.out.send(now, c, &m, id);
+                    }
                     self.primary.due_by(deadline);
                     if let Some(w) = self.primary.work.get_mut(key) {
                         w.queue.push_front(job);
-                        w.busy = Busy::Fetching { ids };
+                        w.busy = Busy::Fetching {
+                            ids,
+                            refused: false,
+                        };
                     }
                     return;
                 }
@@ -197,7 +236,12 @@ impl Kv {
                 let deadline = now + CONFIRM_TIMEOUT;
                 self.primary.due_by(deadline);
                 if let Some(w) = self.primary.work.get_mut(key) {
-                    w.busy = Busy::Writing { outcome, job, ids };
+                    w.busy = Busy::Writing {
+                        outcome,
+                        job,
+                        ids,
+                        refused: false,
+                    };
                 }
                 return;
             }
@@ -215,18 +259,15 @@ impl Kv {
     ) -> Option<(HashSet<u64>, Outcome)> {
         let origin = origin(job.from, job.id);
         if job.op.writes() && self.store.origin(key) == origin {
-            // A retry of a write done already (its answer was lost with a failed primary).
-            let out = self.replay(key, &job.op, now);
-            self.out.send(
-                now,
-                job.from,
-                &Msg::Resp {
-                    id: job.id,
-                    outcome: out,
-                },
-                0,
-            );
-            return None;
+            // A retry of a write done already (its answer was lost with a failed primary, or
+            // a replica refused it). Its copy goes to the replicas again: the answer waits
+            // for them as the first one did, so a refused write is not acknowledged here.
+            let outcome = self.replay(key, &job.op, now);
+            let Some(copy) = self.store.copy_of(key) else {
+                self.respond(now, job, outcome);
+                return None;
+            };
+            return self.replicate(now, node, key, job, outcome, copy);
         }
         let cur: Option<Item> = self.store.get(key, now).cloned();
         let version = (self.store.version(key) + 1)
@@ -264,6 +305,21 @@ impl Kv {
             key: key.to_vec(),
             copy: copy.clone(),
         });
+        self.replicate(now, node, key, job, outcome, copy)
+    }
+
+    /// Sends `copy` of `key` to the replicas and invalidates the cached copies; the ids to
+    /// wait for before `outcome` answers `job` (none: answered now).
+    fn replicate(
+        &mut self,
+        now: Time,
+        node: &mut dyn Engine,
+        key: &[u8],
+        job: &Job,
+        outcome: Outcome,
+        copy: Copy,
+    ) -> Option<(HashSet<u64>, Outcome)> {
+        let version = copy.version();
         let me = node.local();
         let kh = routing_key(key);
         let replicas: Vec<Coord> = node
@@ -314,6 +370,22 @@ impl Kv {
         Some((ids, outcome))
     }
 
+    /// The servers other than this one that may hold a cached copy of `key`: the roots of
+    /// its derived keys in this view (the cache servers readers choose from).
+    fn cache_roots(&self, node: &dyn Engine, key: &[u8]) -> Vec<Coord> {
+        if !self.cfg.cache {
+            return Vec::new();
+        }
+        let me = node.local();
+        let mut roots: Vec<Coord> = cache::derived_keys(key, self.cfg.cache_keys)
+            .filter_map(|dk| node.key_root(dk))
+            .filter(|&c| c != me)
+            .collect();
+        roots.sort_unstable();
+        roots.dedup();
+        roots
+    }
+
     /// The answer to a write found done already.
     fn replay(&mut self, key: &[u8], op: &Op, now: Time) -> Outcome {
         let version = self.store.version(key);
@@ -361,6 +433,28 @@ impl Kv {
         }
     }
 
+    /// A holder refused message `id` (its view shows another primary for the key), or
+    /// neither answered nor was reported failed in time.
+    pub(super) fn refused(&mut self, now: Time, node: &mut dyn Engine, id: u64) {
+        let Some((wait, _)) = self.primary.waits.remove(&id) else {
+            return;
+        };
+        let key = match &wait {
+            Wait::Write(k) | Wait::Fetch(k) => k.clone(),
+            Wait::CatchUp | Wait::Rereplicate => return,
+        };
+        if let Some(w) = self.primary.work.get_mut(&key) {
+            match &mut w.busy {
+                Busy::Fetching { refused, .. } | Busy::Writing { refused, .. } => *refused = true,
+                Busy::Idle => {}
+            }
+        }
+        match wait {
+            Wait::Write(_) => self.write_done(now, node, &key, id),
+            _ => self.fetch_done(now, node, &key, id),
+        }
+    }
+
     /// Message `id` to `peer` will not be confirmed.
     pub(super) fn unconfirmed(&mut self, now: Time, node: &mut dyn Engine, peer: Coord, id: u64) {
         let _ = peer;
@@ -405,8 +499,22 @@ impl Kv {
         if !ids.is_empty() {
             return;
         }
-        if let Busy::Writing { job, outcome, .. } = std::mem::replace(&mut w.busy, Busy::Idle) {
-            self.respond(now, &job, outcome);
+        if let Busy::Writing {
+            job,
+            outcome,
+            refused,
+            ..
+        } = std::mem::replace(&mut w.busy, Busy::Idle)
+        {
+            if refused {
+                // Applied here and perhaps at some replicas, but not acknowledged: the
+                // requester asks again, where its view then shows the primary.
+                KvCounters::add(&self.counters.not_primary, 1);
+                self.out
+                    .send(now, job.from, &Msg::Redirect { id: job.id }, 0);
+            } else {
+                self.respond(now, &job, outcome);
+            }
         }
         self.advance(now, node, key);
     }
@@ -415,14 +523,29 @@ impl Kv {
         let Some(w) = self.primary.work.get_mut(key) else {
             return;
         };
-        let Busy::Fetching { ids, .. } = &mut w.busy else {
+        let Busy::Fetching { ids, refused } = &mut w.busy else {
             return;
         };
         ids.remove(&id);
         if !ids.is_empty() {
             return;
         }
+        if *refused {
+            // Another server orders this key in some holder's view: nothing waiting here
+            // is answered from this copy; the requesters ask again.
+            let jobs = std::mem::take(&mut w.queue);
+            self.primary.work.remove(key);
+            for job in jobs {
+                KvCounters::add(&self.counters.not_primary, 1);
+                self.out
+                    .send(now, job.from, &Msg::Redirect { id: job.id }, 0);
+            }
+            return;
+        }
         w.busy = Busy::Idle;
+        if let Some(front) = w.queue.front_mut() {
+            front.checked = true;
+        }
         self.primary.fresh.insert(key.to_vec());
         self.advance(now, node, key);
     }
@@ -432,12 +555,12 @@ impl Kv {
         if self.primary.deadlines.is_none_or(|d| d > now) {
             return 0;
         }
-        let late: Vec<(u64, Coord)> = self
+        let late: Vec<u64> = self
             .primary
             .waits
             .iter()
             .filter(|(_, (_, d))| *d <= now)
-            .map(|(&id, _)| (id, node.local()))
+            .map(|(&id, _)| id)
             .collect();
         self.primary.deadlines = self
             .primary
@@ -447,8 +570,11 @@ impl Kv {
             .filter(|&d| d > now)
             .min();
         let n = late.len();
-        for (id, peer) in late {
-            self.unconfirmed(now, node, peer, id);
+        // Silence is not consent: a holder that takes another server for the primary
+        // cannot answer a server its view no longer shows (its refusal has no route), so a
+        // holder neither heard nor reported failed by the transport counts as refusing.
+        for id in late {
+            self.refused(now, node, id);
         }
         n
     }

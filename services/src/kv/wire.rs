@@ -54,6 +54,12 @@ pub enum Msg {
         /// Whether the copy changed the replica.
         applied: bool,
     },
+    /// The receiver's view shows another primary for the key of this `Repl` or `Fetch`: the
+    /// sender must not acknowledge the write, nor answer from its own copy.
+    Refused {
+        /// The `Repl` or `Fetch` id.
+        id: u64,
+    },
     /// What do you have for this key? (A primary that has not caught up yet asks the other
     /// holders before answering.)
     Fetch {
@@ -401,6 +407,10 @@ impl Msg {
                 o.extend_from_slice(&id.to_le_bytes());
                 o.push(u8::from(*applied));
             }
+            Msg::Refused { id } => {
+                o.push(13);
+                o.extend_from_slice(&id.to_le_bytes());
+            }
             Msg::Fetch { id, key } => {
                 o.push(6);
                 o.extend_from_slice(&id.to_le_bytes());
@@ -500,6 +510,7 @@ impl Msg {
                 delay: r.u32()?,
             },
             12 => Msg::Flushed { id: r.u64()? },
+            13 => Msg::Refused { id: r.u64()? },
             _ => return None,
         };
         r.b.is_empty().then_some(m)
@@ -625,6 +636,7 @@ mod tests {
                 version: 3,
                 key: b"k".to_vec(),
             },
+            Msg::Refused { id: 7 },
             Msg::CatchUp { floor: 5 },
             Msg::CatchUpDone { floor: 6 },
             Msg::Flush { id: 1, delay: 0 },
