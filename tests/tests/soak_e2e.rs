@@ -241,7 +241,7 @@ fn random_restarts_under_checked_traffic() {
         if which != "control" {
             t.start_daemon(c, Daemon::Torusd);
             let up = wait_dataplane(&t, c);
-            start_load(&t, c, 1000 + k as u64);
+            start_load(&t, c, 1000 + k);
             note = format!(", its dataplane back after {} ms", up.as_millis());
         }
         eprintln!(
