@@ -14,6 +14,17 @@ use serde_json::{json, Value};
 use torusnet_dataplane::cluster;
 use torusnet_proto::topology::Dims;
 
+/// A whole number a test reads from the environment (a soak's length, a count of
+/// restarts), else `default`; anything else set there stops the test with its name.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={s:?}: not a whole number")),
+        Err(_) => default,
+    }
+}
+
 /// The workspace root.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -10,22 +10,11 @@ use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
-use torusnet_e2e::{root, Torus};
+use torusnet_e2e::{env_u64, root, Torus};
 use torusnet_proto::keyspace;
 use torusnet_proto::rng::SplitMix64;
 use torusnet_proto::topology::{Coord, Dims};
 
-/// How long servers are killed and restarted: TORUSNET_CHURN_SECONDS, else 60 s (the test
-/// command); scripts/soak.sh runs 90.
-fn churn_time() -> Duration {
-    match std::env::var("TORUSNET_CHURN_SECONDS") {
-        Ok(s) => Duration::from_secs(
-            s.parse()
-                .unwrap_or_else(|_| panic!("TORUSNET_CHURN_SECONDS={s:?}: not a whole number")),
-        ),
-        Err(_) => Duration::from_secs(60),
-    }
-}
 /// Probes per second from every live server.
 const RATE: u64 = 40;
 /// Most servers down at once.
@@ -163,7 +152,8 @@ fn churn_on_real_daemons_misdelivers_nothing() {
         let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         Duration::from_secs_f64(-(1.0 - u).ln() * MEAN_GAP_S)
     };
-    let churn = churn_time();
+    // TORUSNET_CHURN_SECONDS, else 60 s (the test command); scripts/soak.sh --all runs 90.
+    let churn = Duration::from_secs(env_u64("TORUSNET_CHURN_SECONDS", 60));
     let begin = Instant::now();
     let mut next_kill = begin + exp(&mut rng);
     let mut down: HashMap<Coord, Instant> = HashMap::new();

@@ -20,7 +20,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use torusnet_e2e::{root, Daemon, Torus};
+use torusnet_e2e::{env_u64, root, Daemon, Torus};
 use torusnet_proto::rng::SplitMix64;
 use torusnet_proto::topology::Coord;
 
@@ -203,7 +203,7 @@ fn check_journals(t: &Torus) -> Oracle {
 
 #[test]
 fn random_restarts_under_checked_traffic() {
-    let restarts = env_count("TORUSNET_RESTARTS", 10);
+    let restarts = env_u64("TORUSNET_RESTARTS", 10);
     let t = Torus::up("tsk", "3x3x3");
     journal_loads(&t);
     t.start();
@@ -336,15 +336,6 @@ fn random_restarts_under_checked_traffic() {
 }
 
 /// A count from the environment variable `name` (a soak's length), else `default`.
-fn env_count(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(s) => s
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={s:?}: not a whole number")),
-        Err(_) => default,
-    }
-}
-
 /// Resident memory of every daemon now, by (server, daemon, pid), in KiB.
 fn rss(t: &Torus) -> HashMap<(Coord, &'static str, u32), u64> {
     let mut out = HashMap::new();
@@ -405,7 +396,7 @@ const LINKS: [&str; 6] = ["+x", "-x", "+y", "-y", "+z", "-z"];
 
 #[test]
 fn the_platform_under_faults() {
-    let secs = env_count("TORUSNET_SOAK_SECONDS", 60);
+    let secs = env_u64("TORUSNET_SOAK_SECONDS", 60);
     let t = Torus::up_with("tpf", "3x3x3", &["--front"]);
     journal_loads(&t);
     t.start();

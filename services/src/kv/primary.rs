@@ -189,7 +189,9 @@ impl Kv {
                     self.cache_roots(node, key)
                 };
                 if !holders.is_empty() || !caches.is_empty() {
-                    KvCounters::add(&self.counters.fetches, 1);
+                    if !fresh {
+                        KvCounters::add(&self.counters.fetches, 1);
+                    }
                     let deadline = now + CONFIRM_TIMEOUT;
                     let mut ids = HashSet::new();
                     let wait = (Wait::Fetch(key.to_vec()), deadline);
@@ -509,9 +511,7 @@ impl Kv {
             if refused {
                 // Applied here and perhaps at some replicas, but not acknowledged: the
                 // requester asks again, where its view then shows the primary.
-                KvCounters::add(&self.counters.not_primary, 1);
-                self.out
-                    .send(now, job.from, &Msg::Redirect { id: job.id }, 0);
+                self.turn_back(now, &job);
             } else {
                 self.respond(now, &job, outcome);
             }
@@ -536,9 +536,7 @@ impl Kv {
             let jobs = std::mem::take(&mut w.queue);
             self.primary.work.remove(key);
             for job in jobs {
-                KvCounters::add(&self.counters.not_primary, 1);
-                self.out
-                    .send(now, job.from, &Msg::Redirect { id: job.id }, 0);
+                self.turn_back(now, &job);
             }
             return;
         }
@@ -548,6 +546,14 @@ impl Kv {
         }
         self.primary.fresh.insert(key.to_vec());
         self.advance(now, node, key);
+    }
+
+    /// Sends a job some holder refused back to its requester, which asks again where its
+    /// view then shows the primary.
+    fn turn_back(&mut self, now: Time, job: &Job) {
+        KvCounters::add(&self.counters.not_primary, 1);
+        self.out
+            .send(now, job.from, &Msg::Redirect { id: job.id }, 0);
     }
 
     /// Gives up on confirmations past their deadline.
