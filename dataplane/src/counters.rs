@@ -50,6 +50,10 @@ pub struct LinkCounters {
     pub tx_ring_full: AtomicU64,
     /// Times the fill ring could not be topped up (UMEM exhausted).
     pub fill_starved: AtomicU64,
+    /// Frames sent twice by fault injection ([`crate::fault`]).
+    pub fault_duplicated: AtomicU64,
+    /// Frames held back behind the next one by fault injection.
+    pub fault_reordered: AtomicU64,
     /// Gauge: the link's sending utilisation, per mille of its capacity (moving average).
     pub load_tx_permille: AtomicU64,
     /// Gauge: its receiving utilisation, per mille.
@@ -99,6 +103,10 @@ pub struct LinkCountersSnapshot {
     pub tx_ring_full: u64,
     /// See [`LinkCounters`].
     pub fill_starved: u64,
+    /// See [`LinkCounters`].
+    pub fault_duplicated: u64,
+    /// See [`LinkCounters`].
+    pub fault_reordered: u64,
     /// See [`LinkCounters`].
     pub load_tx_permille: u64,
     /// See [`LinkCounters`].
@@ -153,6 +161,8 @@ impl LinkCounters {
             forward_waited: g(&self.forward_waited),
             tx_ring_full: g(&self.tx_ring_full),
             fill_starved: g(&self.fill_starved),
+            fault_duplicated: g(&self.fault_duplicated),
+            fault_reordered: g(&self.fault_reordered),
             load_tx_permille: g(&self.load_tx_permille),
             load_rx_permille: g(&self.load_rx_permille),
             load_queue_milli: g(&self.load_queue_milli),

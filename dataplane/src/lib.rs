@@ -8,6 +8,7 @@ pub mod carrier;
 pub mod cluster;
 pub mod config;
 pub mod counters;
+pub mod fault;
 pub mod fill_depth;
 pub mod ip;
 pub mod kvgw;

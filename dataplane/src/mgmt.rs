@@ -24,6 +24,7 @@ use torusnet_services::builtin::{
 };
 
 use crate::config::NodeConfig;
+use crate::fault::Fault;
 use crate::netns::parse_mac;
 use crate::runtime::Dataplane;
 use crate::shared::Command;
@@ -443,21 +444,31 @@ fn bench(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     Ok(wait(rx, limit + SLACK))
 }
 
-/// `{"cmd":"fault","link":"+x","drop":P}`: drops frames leaving a link with probability `drop`.
+/// `{"cmd":"fault","link":"+x","drop":P,"duplicate":P,"reorder":P}`: injects faults on a
+/// link (each a probability per frame, absent for 0): frames arriving dropped, frames
+/// leaving sent twice or held back behind the next one. All zero turns them off.
 fn fault(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     let link = req
         .get("link")
         .and_then(Value::as_str)
         .ok_or("missing \"link\": +x ... -z")?;
     let dir: Dir = link.parse().map_err(|e| format!("link: {e}"))?;
-    let drop = req
-        .get("drop")
-        .and_then(Value::as_f64)
-        .ok_or("missing \"drop\": 0..1")?;
-    if !(0.0..=1.0).contains(&drop) {
-        return Err(format!("drop: {drop} is not a probability"));
+    let p = |name: &str| -> Result<f64, String> {
+        match req.get(name) {
+            None => Ok(0.0),
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| format!("{name}: {v} is not a probability")),
+        }
+    };
+    if ["drop", "duplicate", "reorder"]
+        .iter()
+        .all(|k| req.get(k).is_none())
+    {
+        return Err("say at least one of \"drop\", \"duplicate\", \"reorder\": 0..1".into());
     }
-    with_dp(d, |dp| push(dp, Command::SetFault { dir, drop }))?;
+    let fault = Fault::new(p("drop")?, p("duplicate")?, p("reorder")?)?;
+    with_dp(d, |dp| push(dp, Command::SetFault { dir, fault }))?;
     Ok(json!({"ok": true}))
 }
 

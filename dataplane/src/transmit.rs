@@ -17,6 +17,7 @@ use torusnet_proto::transport::Keep;
 
 use crate::config::Polling;
 use crate::counters::{add, LinkCounters};
+use crate::fault::{Fault, LinkFault, Verdict};
 use crate::fill_depth::FillDepth;
 use crate::port::Port;
 use crate::shared::{Handoff, HandoffCounts, Shared};
@@ -75,6 +76,8 @@ pub(crate) struct Links {
     fill: Vec<FillDepth>,
     /// Frames handed to other pollers, and dropped on the way (counted for status).
     pub(crate) handoffs: HandoffCounts,
+    /// Each port's injected faults (tests and soaks only).
+    faults: Vec<LinkFault>,
 }
 
 impl Links {
@@ -104,6 +107,10 @@ impl Links {
         // theirs full.
         let follow = matches!(shared.polling, Polling::Busy);
         let fill = vec![FillDepth::new(fill_max, follow); ports.len()];
+        let faults = link_idx
+            .iter()
+            .map(|&l| LinkFault::new(0x5eed + l as u64))
+            .collect();
         Links {
             shard,
             shared,
@@ -116,6 +123,7 @@ impl Links {
             sending_slots,
             fill,
             handoffs: HandoffCounts::default(),
+            faults,
         }
     }
 
@@ -282,12 +290,68 @@ impl Links {
         bytes
     }
 
-    /// Puts a frame's descriptors on port `o`'s TX ring, with the link's MAC addresses.
+    /// Puts a frame's descriptors on port `o`'s TX ring, with the link's MAC addresses
+    /// (and the link's injected faults, when a test set some).
     pub(crate) fn push(&mut self, o: usize, descs: &[XdpDesc]) {
         let (src, dst) = (self.ports[o].local_mac, self.ports[o].neighbor_mac);
         let head = self.umem.slice_mut(descs[0].addr, 12);
         head[0..6].copy_from_slice(&dst.unwrap_or([0xff; 6]));
         head[6..12].copy_from_slice(&src);
+        if !self.faults[o].active() {
+            self.put(o, descs);
+            return;
+        }
+        match self.faults[o].judge(descs) {
+            Verdict::Hold => {
+                add(&self.counters(o).fault_reordered, 1);
+                return;
+            }
+            Verdict::Pass => self.put(o, descs),
+            Verdict::Duplicate => {
+                self.put(o, descs);
+                let mut bytes = Vec::new();
+                for d in descs {
+                    bytes.extend_from_slice(self.umem.slice(d.addr, d.len as usize));
+                }
+                if let Some(copy) = self.copy_in(o, &bytes) {
+                    self.put(o, &copy);
+                    add(&self.counters(o).fault_duplicated, 1);
+                }
+            }
+        }
+        self.release_held(o);
+    }
+
+    /// Sends the frame port `o` holds back, if its TX ring has room (else it waits for the
+    /// next frame or kick).
+    fn release_held(&mut self, o: usize) {
+        let Some(h) = self.faults[o].take_held() else {
+            return;
+        };
+        if self.ports[o].xsk.tx.free() >= h.descs().len() as u32 {
+            self.put(o, h.descs());
+        } else {
+            self.faults[o].keep_held(h);
+        }
+    }
+
+    /// Sets the faults of our link `dir` (whether it is ours): the drop in its XDP program,
+    /// duplication and reordering here.
+    pub(crate) fn set_fault(&mut self, dir: Dir, f: &Fault) -> Result<bool, String> {
+        let Some(o) = self.port_of(dir) else {
+            return Ok(false);
+        };
+        self.ports[o]
+            .xdp
+            .set_fault_drop(f.drop)
+            .map_err(|e| e.to_string())?;
+        self.faults[o].set(f);
+        self.release_held(o);
+        Ok(true)
+    }
+
+    /// Writes a frame's descriptors on port `o`'s TX ring as they are.
+    fn put(&mut self, o: usize, descs: &[XdpDesc]) {
         let n = descs.len() as u32;
         let bytes: u64 = descs.iter().map(|d| u64::from(d.len)).sum();
         for (k, d) in descs.iter().enumerate() {
@@ -349,10 +413,18 @@ impl Links {
             self.handoffs.dropped += 1;
             return;
         };
+        if let Some(descs) = self.copy_in(o, bytes) {
+            self.push(o, &descs);
+        }
+    }
+
+    /// A frame's bytes copied into fresh chunks for port `o`, if its TX ring and the UMEM
+    /// have room (else counted as a full ring).
+    fn copy_in(&mut self, o: usize, bytes: &[u8]) -> Option<Vec<XdpDesc>> {
         let need = bytes.len().div_ceil(CHUNK) as u32;
         if self.ports[o].xsk.tx.free() < need || self.umem.free_chunks() < need as usize {
             add(&self.counters(o).tx_ring_full, 1);
-            return;
+            return None;
         }
         let mut descs: Vec<XdpDesc> = Vec::new();
         for part in bytes.chunks(CHUNK) {
@@ -360,7 +432,7 @@ impl Links {
                 // Counted free above, so not expected; give back what was taken.
                 self.release_parts(&descs);
                 add(&self.counters(o).tx_ring_full, 1);
-                return;
+                return None;
             };
             self.umem.slice_mut(addr, part.len()).copy_from_slice(part);
             descs.push(XdpDesc {
@@ -372,7 +444,7 @@ impl Links {
         if let Some(last) = descs.last_mut() {
             last.options = 0;
         }
-        self.push(o, &descs);
+        Some(descs)
     }
 
     /// Gives the buffers of a frame back to the UMEM.
@@ -387,6 +459,10 @@ impl Links {
     /// ones were added (a full ring with nobody kicking stalls the link). Zero-copy kicks
     /// when the ring asks.
     pub(crate) fn kick(&mut self) {
+        // A frame held back by fault injection goes at the latest now.
+        for o in 0..self.ports.len() {
+            self.release_held(o);
+        }
         for p in &mut self.ports {
             let waiting = p.unkicked > 0 || p.xsk.tx.outstanding() > 0;
             if waiting && (!p.xsk.info().zero_copy || p.xsk.tx.needs_wakeup()) {

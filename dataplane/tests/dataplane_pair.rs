@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use torusnet_dataplane::config::NodeConfig;
+use torusnet_dataplane::fault::Fault;
 use torusnet_dataplane::netns::{enter, format_mac, mac_of, veth_pair, Netns};
 use torusnet_dataplane::runtime::Dataplane;
 use torusnet_dataplane::shared::Command;
@@ -71,7 +72,9 @@ fn start_pair(tag: &str, mtu: u32, two_links: bool) -> (Netns, Netns, Dataplane,
     (na, nb, a, b)
 }
 
-fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
+/// A reliable transfer from A to B over one or two links whose frames suffer `fault` (in
+/// both directions: data and acknowledgements); every message arrives once and intact.
+fn run(mtu: u32, two_links: bool, fault: Fault, messages: u64, size: usize) {
     let tag = format!(
         "{}{}{}",
         std::process::id() % 10000,
@@ -79,13 +82,11 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
         u8::from(two_links)
     );
     let (_na, _nb, a, b) = start_pair(&tag, mtu, two_links);
-    if fault > 0.0 {
+    if fault != Fault::default() {
         for d in [Dir::PlusX, Dir::MinusX] {
-            b.command(Command::SetFault {
-                dir: d,
-                drop: fault,
-            })
-            .unwrap();
+            for side in [&a, &b] {
+                side.command(Command::SetFault { dir: d, fault }).unwrap();
+            }
         }
     }
     let tx = a.service(100);
@@ -117,9 +118,19 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
     let dropped = |sb: &torusnet_dataplane::status::Status| -> u64 {
         sb.links.iter().map(|l| l.xdp.fault_dropped).sum()
     };
+    let mangled = |s: &torusnet_dataplane::status::Status| -> (u64, u64) {
+        let dup = s.links.iter().map(|l| l.counters.fault_duplicated).sum();
+        let re = s.links.iter().map(|l| l.counters.fault_reordered).sum();
+        (dup, re)
+    };
     let settle = Instant::now() + Duration::from_secs(3);
-    while fault > 0.0
-        && (sa.engine.transport.retransmitted_frames == 0 || dropped(&sb) == 0)
+    let seen_by_b = |sb: &torusnet_dataplane::status::Status| {
+        let t = &sb.engine.transport;
+        (fault.duplicate == 0.0 || t.duplicate_frames > 0)
+            && (fault.reorder == 0.0 || t.out_of_order_frames > 0)
+    };
+    while (fault.drop > 0.0 && (sa.engine.transport.retransmitted_frames == 0 || dropped(&sb) == 0)
+        || !seen_by_b(&sb))
         && Instant::now() < settle
     {
         std::thread::sleep(Duration::from_millis(50));
@@ -132,7 +143,25 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
             "striped over both links"
         );
     }
-    if fault > 0.0 {
+    eprintln!(
+        "{messages} messages of {size} B over {} link(s), MTU {mtu}, {fault:?}: dropped {}, \
+         duplicated/reordered at A {:?}, retransmitted {}, duplicates and out-of-order \
+         frames at B {} {}",
+        1 + usize::from(two_links),
+        dropped(&sb),
+        mangled(&sa),
+        sa.engine.transport.retransmitted_frames,
+        sb.engine.transport.duplicate_frames,
+        sb.engine.transport.out_of_order_frames
+    );
+    let (dup, re) = mangled(&sa);
+    assert_eq!(dup > 0, fault.duplicate > 0.0, "duplicated: {sa:#?}");
+    assert_eq!(re > 0, fault.reorder > 0.0, "reordered: {sa:#?}");
+    assert!(
+        seen_by_b(&sb),
+        "B saw the duplicates and the reordering: {sb:#?}"
+    );
+    if fault.drop > 0.0 {
         assert!(
             dropped(&sb) > 0,
             "fault injection dropped frames in the kernel: {sb:#?}"
@@ -146,24 +175,40 @@ fn run(mtu: u32, two_links: bool, fault: f64, messages: u64, size: usize) {
     b.shutdown().unwrap();
 }
 
+fn loss(p: f64) -> Fault {
+    Fault::new(p, 0.0, 0.0).expect("a probability")
+}
+
+#[test]
+fn one_link_mtu1500_with_duplication_and_reordering() {
+    let f = Fault::new(0.0, 0.02, 0.02).expect("probabilities");
+    run(1500, false, f, 20_000, 200);
+}
+
+#[test]
+fn two_links_mtu9000_with_loss_duplication_and_reordering() {
+    let f = Fault::new(0.01, 0.02, 0.02).expect("probabilities");
+    run(9000, true, f, 3_000, 20_000);
+}
+
 #[test]
 fn one_link_mtu1500_with_loss() {
-    run(1500, false, 0.02, 20_000, 200);
+    run(1500, false, loss(0.02), 20_000, 200);
 }
 
 #[test]
 fn two_links_mtu1500_with_loss() {
-    run(1500, true, 0.02, 20_000, 3000);
+    run(1500, true, loss(0.02), 20_000, 3000);
 }
 
 #[test]
 fn one_link_mtu9000_with_loss() {
-    run(9000, false, 0.02, 3_000, 20_000);
+    run(9000, false, loss(0.02), 3_000, 20_000);
 }
 
 #[test]
 fn two_links_mtu9000_with_loss() {
-    run(9000, true, 0.02, 5_000, 20_000);
+    run(9000, true, loss(0.02), 5_000, 20_000);
 }
 
 /// An embedded service that stops reading: once its inbox is full, reliable messages for it

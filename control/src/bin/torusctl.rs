@@ -254,7 +254,9 @@ enum Cmd {
         #[command(subcommand)]
         op: KvOp,
     },
-    /// Drop data frames arriving on one of torusd's links, in the kernel (tests).
+    /// Inject faults on one of torusd's links (tests): data frames arriving dropped (in
+    /// the kernel), frames leaving sent twice or held back behind the next one. Each
+    /// probability defaults to 0; all zero turns the faults off.
     Fault {
         /// torusd's management socket.
         #[arg(long)]
@@ -262,9 +264,15 @@ enum Cmd {
         /// The link, +x .. -z.
         #[arg(long)]
         link: String,
-        /// Drop probability (0 turns it off).
-        #[arg(long)]
+        /// Drop probability.
+        #[arg(long, default_value_t = 0.0)]
         drop: f64,
+        /// Duplication probability.
+        #[arg(long, default_value_t = 0.0)]
+        duplicate: f64,
+        /// Reordering probability.
+        #[arg(long, default_value_t = 0.0)]
+        reorder: f64,
     },
     /// Switch how this server's own reliable traffic is routed: by source routes chosen by
     /// probing (BSR) or by link-state next hops. Needs `[routing] mode` set in the node file.
@@ -576,8 +584,15 @@ fn run(cmd: Cmd) -> Result<String, String> {
             return dpclient::request(&socket, &req, Duration::from_secs(10))
                 .map(|v| v.to_string());
         }
-        Cmd::Fault { socket, link, drop } => {
-            let req = serde_json::json!({"cmd": "fault", "link": link, "drop": drop});
+        Cmd::Fault {
+            socket,
+            link,
+            drop,
+            duplicate,
+            reorder,
+        } => {
+            let req = serde_json::json!({"cmd": "fault", "link": link, "drop": drop,
+                "duplicate": duplicate, "reorder": reorder});
             return dpclient::request(&socket, &req, Duration::from_secs(5)).map(|v| v.to_string());
         }
     };

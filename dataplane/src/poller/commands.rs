@@ -50,9 +50,11 @@ impl Poller {
                 data,
                 opts,
             } => return self.send_command(target, service, data, opts),
-            Command::SetFault { dir, drop } => {
-                if let Some(i) = self.links.port_of(dir) {
-                    let _ = self.links.ports[i].xdp.set_fault_drop(drop);
+            Command::SetFault { dir, fault } => {
+                // Only the poller owning the link gets the command (`Shared::route`); the
+                // management request is answered when it is queued, so a failure is logged.
+                if let Err(e) = self.links.set_fault(dir, &fault) {
+                    tracing::warn!(link = %dir, "fault injection: {e}");
                 }
             }
             Command::Request { service, request } => {

@@ -6,6 +6,8 @@ use torusnet_proto::routing::LinkView;
 use torusnet_proto::service::Request;
 use torusnet_proto::topology::Dir;
 
+use crate::fault::Fault;
+
 /// Something for the poller to do on an application's behalf.
 pub enum Command {
     /// Send a message.
@@ -19,12 +21,13 @@ pub enum Command {
         /// Reliable or short, tag, fences and the sending service's id.
         opts: MsgOptions,
     },
-    /// Drop data frames arriving on a link with this probability, in the kernel (tests).
+    /// Inject faults on a link (tests and soaks): loss in the kernel, duplication and
+    /// reordering where frames leave.
     SetFault {
         /// The link.
         dir: Dir,
-        /// Probability, 0 turns it off.
-        drop: f64,
+        /// What it does to frames; all zero turns it off.
+        fault: Fault,
     },
     /// Adopt a new link-state view, and the neighbours' MACs per direction (None: keep);
     /// the sender learns when it is in force.
@@ -66,7 +69,7 @@ impl std::fmt::Debug for Command {
                 data,
                 ..
             } => write!(f, "Send({target:?}, {service}, {} bytes)", data.len()),
-            Command::SetFault { dir, drop } => write!(f, "SetFault({dir}, {drop})"),
+            Command::SetFault { dir, fault } => write!(f, "SetFault({dir}, {fault:?})"),
             Command::SetView(..) => f.write_str("SetView"),
             Command::Request { service, .. } => write!(f, "Request({service})"),
             Command::NotifyAcks(s, on) => write!(f, "NotifyAcks({s}, {on})"),
