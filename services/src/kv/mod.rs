@@ -354,8 +354,12 @@ impl Kv {
             cache_keys: cfg.cache_keys.min(16),
             ..cfg
         };
+        let mut store = Store::new(cfg.store_bytes, false);
+        // A requester retries a write only before its deadline; twice that covers a retry
+        // still on its way (versions are microseconds).
+        store.keep_history(2 * cfg.op_timeout.as_micros() as u64);
         Kv {
-            store: Store::new(cfg.store_bytes, false),
+            store,
             cache: cache::Cache::new(cfg.cache_bytes),
             cfg,
             counters,
@@ -484,9 +488,15 @@ impl Kv {
                     self.fill_failed(now, id);
                 }
             }
-            Msg::Repl { id, key, copy } => {
+            Msg::Repl {
+                id,
+                key,
+                copy,
+                earlier,
+            } => {
                 let primary = node.key_root(routing_key(&key)) == Some(src);
                 let applied = self.take_copy(now, &key, copy);
+                self.store.learn(&key, &earlier);
                 if applied {
                     KvCounters::add(&self.counters.copies_applied, 1);
                 }
@@ -507,14 +517,22 @@ impl Kv {
                     self.out.send(now, src, &Msg::Refused { id }, 0);
                     return;
                 }
-                let copy = self.store.copy_of(&key);
-                let floor = self.floor;
-                self.out
-                    .send(now, src, &Msg::Fetched { id, copy, floor }, 0);
+                let m = Msg::Fetched {
+                    id,
+                    copy: self.store.copy_of(&key),
+                    floor: self.floor,
+                    earlier: self.store.earlier(&key),
+                };
+                self.out.send(now, src, &m, 0);
             }
-            Msg::Fetched { id, copy, floor } => {
+            Msg::Fetched {
+                id,
+                copy,
+                floor,
+                earlier,
+            } => {
                 self.apply_floor(floor);
-                self.fetched(now, node, id, copy);
+                self.fetched(now, node, id, copy, &earlier);
             }
             Msg::Invalidate { id, version, key } => {
                 let applied = self.cache.invalidate(&key, version);

@@ -260,11 +260,18 @@ impl Kv {
         job: &Job,
     ) -> Option<(HashSet<u64>, Outcome)> {
         let origin = origin(job.from, job.id);
-        if job.op.writes() && self.store.origin(key) == origin {
+        let done = job
+            .op
+            .writes()
+            .then(|| self.store.wrote(key, origin))
+            .flatten();
+        if let Some(version) = done {
             // A retry of a write done already (its answer was lost with a failed primary, or
-            // a replica refused it). Its copy goes to the replicas again: the answer waits
-            // for them as the first one did, so a refused write is not acknowledged here.
-            let outcome = self.replay(key, &job.op, now);
+            // a replica refused it), perhaps overwritten since: applied again, it would
+            // bring back what later acknowledged writes replaced. The key's present copy
+            // goes to the replicas again: the answer waits for them as the first one did,
+            // so a refused write is not acknowledged here.
+            let outcome = self.replay(key, &job.op, version, now);
             let Some(copy) = self.store.copy_of(key) else {
                 self.respond(now, job, outcome);
                 return None;
@@ -352,6 +359,7 @@ impl Kv {
                 id,
                 key: key.to_vec(),
                 copy: copy.clone(),
+                earlier: self.store.earlier(key),
             };
             self.out.send(now, r, &m, id);
         }
@@ -389,8 +397,7 @@ impl Kv {
     }
 
     /// The answer to a write found done already.
-    fn replay(&mut self, key: &[u8], op: &Op, now: Time) -> Outcome {
-        let version = self.store.version(key);
+    fn replay(&mut self, key: &[u8], op: &Op, version: u64, now: Time) -> Outcome {
         match op {
             Op::Delete { .. } => Outcome::Deleted,
             Op::Touch(_) => Outcome::Touched,
@@ -480,6 +487,7 @@ impl Kv {
         node: &mut dyn Engine,
         id: u64,
         copy: Option<Copy>,
+        earlier: &[(u64, u64)],
     ) {
         let Some((Wait::Fetch(key), _)) = self.primary.waits.remove(&id) else {
             return;
@@ -487,6 +495,7 @@ impl Kv {
         if let Some(c) = copy {
             self.take_copy(now, &key, c);
         }
+        self.store.learn(&key, earlier);
         self.fetch_done(now, node, &key, id);
     }
 

@@ -184,6 +184,7 @@ impl Kv {
                     id,
                     key: key.clone(),
                     copy: copy.clone(),
+                    earlier: self.store.earlier(&key),
                 };
                 self.out.send(now, t, &m, id);
             }

@@ -43,7 +43,20 @@ enum Entry {
     },
 }
 
+/// Earlier writes of one key that a requester may still retry: (origin, version) pairs,
+/// oldest first. A retry found among them was done already and is not applied again.
+pub type Earlier = Vec<(u64, u64)>;
+
+/// Most earlier writes remembered per key (the newest are kept).
+pub const MAX_EARLIER: usize = 64;
+
 impl Entry {
+    fn origin(&self) -> u64 {
+        match self {
+            Entry::Live(i) => i.origin,
+            Entry::Tombstone { origin, .. } => *origin,
+        }
+    }
     fn version(&self) -> u64 {
         match self {
             Entry::Live(i) => i.version,
@@ -77,6 +90,10 @@ pub struct Store {
     limit: usize,
     evict: bool,
     tombstone_life: Duration,
+    /// Per key, the writes before the present one within `history_us` of its version.
+    earlier: HashMap<Vec<u8>, Earlier>,
+    /// How far back, in versions (microseconds), earlier writes are remembered; 0: none.
+    history_us: u64,
     /// Items evicted to make room.
     pub evictions: u64,
 }
@@ -94,7 +111,69 @@ impl Store {
             limit,
             evict,
             tombstone_life: Duration::from_secs(60),
+            earlier: HashMap::new(),
+            history_us: 0,
             evictions: 0,
+        }
+    }
+
+    /// Remembers each key's earlier writes `us` back (in versions, which are microseconds):
+    /// as long as a requester may retry one.
+    pub fn keep_history(&mut self, us: u64) {
+        self.history_us = us;
+    }
+
+    /// The version of the write of `key` with `origin`, if it is the present one or one
+    /// remembered ([`Store::keep_history`]).
+    pub fn wrote(&self, key: &[u8], origin: u64) -> Option<u64> {
+        let (e, _) = self.entries.get(key)?;
+        if e.origin() == origin {
+            return Some(e.version());
+        }
+        self.earlier
+            .get(key)?
+            .iter()
+            .find(|(o, _)| *o == origin)
+            .map(|&(_, v)| v)
+    }
+
+    /// The earlier writes of `key` remembered here (sent with its copies).
+    pub fn earlier(&self, key: &[u8]) -> Earlier {
+        self.earlier.get(key).cloned().unwrap_or_default()
+    }
+
+    /// Adds earlier writes of `key` another server remembers.
+    pub fn learn(&mut self, key: &[u8], from: &[(u64, u64)]) {
+        if self.history_us == 0 || from.is_empty() {
+            return;
+        }
+        let e = self.earlier.entry(key.to_vec()).or_default();
+        for w in from {
+            if !e.contains(w) {
+                e.push(*w);
+            }
+        }
+        self.prune(key);
+    }
+
+    /// Keeps `key`'s earlier writes within the horizon and the bound, oldest first, and
+    /// none that is the present write.
+    fn prune(&mut self, key: &[u8]) {
+        let Some(e) = self.earlier.get_mut(key) else {
+            return;
+        };
+        let (now_o, now_v) = self
+            .entries
+            .get(key)
+            .map_or((0, 0), |(x, _)| (x.origin(), x.version()));
+        let horizon = self.history_us;
+        e.retain(|&(o, v)| o != now_o && v.saturating_add(horizon) >= now_v);
+        e.sort_unstable_by_key(|&(_, v)| v);
+        if e.len() > MAX_EARLIER {
+            e.drain(..e.len() - MAX_EARLIER);
+        }
+        if e.is_empty() {
+            self.earlier.remove(key);
         }
     }
 
@@ -161,6 +240,12 @@ impl Store {
             }
         }
         if let Some((o, t)) = self.entries.remove(key) {
+            if self.history_us > 0 && o.origin() != 0 && o.origin() != e.origin() {
+                self.earlier
+                    .entry(key.to_vec())
+                    .or_default()
+                    .push((o.origin(), o.version()));
+            }
             self.bytes -= o.size(key);
             self.live -= usize::from(matches!(o, Entry::Live(_)));
             self.order.remove(&t);
@@ -170,6 +255,7 @@ impl Store {
         self.bytes += need;
         self.order.insert(self.tick, key.to_vec());
         self.entries.insert(key.to_vec(), (e, self.tick));
+        self.prune(key);
         Ok(())
     }
 
@@ -250,6 +336,7 @@ impl Store {
 
     /// Forgets `key` entirely (a cache invalidation).
     pub fn remove(&mut self, key: &[u8]) {
+        self.earlier.remove(key);
         if let Some((e, t)) = self.entries.remove(key) {
             self.bytes -= e.size(key);
             self.live -= usize::from(matches!(e, Entry::Live(_)));
@@ -260,6 +347,7 @@ impl Store {
     /// Forgets everything.
     pub fn clear(&mut self) {
         self.entries.clear();
+        self.earlier.clear();
         self.live = 0;
         self.order.clear();
         self.bytes = 0;
@@ -347,6 +435,44 @@ mod tests {
             version,
             origin: 0,
         }
+    }
+
+    #[test]
+    fn earlier_writes_are_remembered_within_the_horizon_and_the_bound() {
+        let mut s = Store::new(1 << 20, false);
+        s.keep_history(1000);
+        let w = |origin, version| Item {
+            origin,
+            ..item(4, version)
+        };
+        s.put(b"k", w(11, 100)).unwrap();
+        s.put(b"k", w(12, 200)).unwrap();
+        s.delete(b"k", 300, 13, Time::ZERO);
+        assert_eq!(s.wrote(b"k", 11), Some(100));
+        assert_eq!(s.wrote(b"k", 12), Some(200));
+        assert_eq!(s.wrote(b"k", 13), Some(300), "the present write");
+        assert_eq!(s.wrote(b"k", 14), None);
+        // Past the horizon, forgotten.
+        s.put(b"k", w(15, 1250)).unwrap();
+        assert_eq!(s.wrote(b"k", 11), None);
+        assert_eq!(s.wrote(b"k", 12), None);
+        assert_eq!(s.wrote(b"k", 13), Some(300));
+        // Learnt from another server, and bounded (the newest kept).
+        let many: Earlier = (0..100).map(|i| (1000 + i, 1100 + i)).collect();
+        s.learn(b"k", &many);
+        assert_eq!(s.earlier(b"k").len(), MAX_EARLIER);
+        assert_eq!(s.wrote(b"k", 1099), Some(1199));
+        assert_eq!(s.wrote(b"k", 1000), None);
+        // A store that keeps no history (a cache) remembers only the present write.
+        let mut c = Store::new(1 << 20, true);
+        c.put(b"k", w(11, 100)).unwrap();
+        c.put(b"k", w(12, 200)).unwrap();
+        assert_eq!(c.wrote(b"k", 11), None);
+        c.learn(b"k", &many);
+        assert!(c.earlier(b"k").is_empty());
+        // Forgetting a key forgets its history.
+        s.remove(b"k");
+        assert!(s.earlier(b"k").is_empty());
     }
 
     #[test]

@@ -618,6 +618,49 @@ fn a_cache_server_whose_view_lags_never_serves_a_copy_older_than_an_acknowledged
 }
 
 #[test]
+fn a_retried_write_that_was_overwritten_meanwhile_is_not_applied_again() {
+    // A requester retries a write with the same id when its first attempt's answer was a
+    // redirect (a holder refused) or never came, though the write may have landed. Here the
+    // retry reaches the primary after a newer write was acknowledged.
+    let mut net = Net::new(d333(), cfg());
+    let key = b"reg";
+    let primary = net.with(0, |_, en| en.key_root(super::routing_key(key)));
+    let primary = primary.expect("a primary");
+    let p = net.dims.index(primary);
+    let q = net.dims.coord((p + 1) % 27);
+    let other = net.dims.coord((p + 2) % 27);
+    let rx = net.submit(q, key, store(Mode::Set, b"first"));
+    // Requests leave when the requester is polled.
+    net.run(Duration::from_micros(10));
+    let retry = net
+        .wire
+        .iter()
+        .find(|m| m.src == q && m.dst == primary)
+        .map(|m| Msg {
+            at: m.at,
+            src: m.src,
+            dst: m.dst,
+            data: m.data.clone(),
+            tag: m.tag,
+        })
+        .expect("the request on the wire");
+    net.run(Duration::from_millis(50));
+    assert!(matches!(
+        rx.try_recv().map(|r| r.result),
+        Ok(Ok(Outcome::Stored(_)))
+    ));
+    net.set(other, key, b"second");
+    let mut retry = retry;
+    retry.at = net.now;
+    net.wire.push(retry);
+    net.run(Duration::from_millis(50));
+    for i in 0..27 {
+        let at = net.dims.coord(i);
+        assert_eq!(net.get(at, key), Some(b"second".to_vec()), "read at {at}");
+    }
+}
+
+#[test]
 fn a_primary_the_others_no_longer_see_answers_nothing_from_its_copy() {
     let mut net = Net::new(d333(), cfg());
     let key = b"k";

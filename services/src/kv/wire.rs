@@ -7,7 +7,7 @@ use std::time::Duration;
 use torusnet_proto::time::Time;
 
 use super::ops::{Mode, Op, Outcome, Ttl};
-use super::store::{Copy, Item};
+use super::store::{Copy, Earlier, Item, MAX_EARLIER};
 
 /// One message of the key-value protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +46,8 @@ pub enum Msg {
         key: Vec<u8>,
         /// Its state.
         copy: Copy,
+        /// The key's earlier writes a retry may repeat (not to be applied again).
+        earlier: Earlier,
     },
     /// A replica has the copy (`applied`: it was news to it).
     Rack {
@@ -76,6 +78,8 @@ pub enum Msg {
         copy: Option<Copy>,
         /// The holder's flush floor (versions below it were flushed).
         floor: u64,
+        /// The key's earlier writes the holder remembers.
+        earlier: Earlier,
     },
     /// Drop cached copies of the key older than `version`; answered with `Rack`.
     Invalidate {
@@ -213,6 +217,24 @@ fn put_copy(out: &mut Vec<u8>, c: &Copy, now: Time) {
             put_item(out, i, now);
         }
     }
+}
+
+fn put_earlier(out: &mut Vec<u8>, e: &[(u64, u64)]) {
+    // The store keeps at most MAX_EARLIER; a longer list is cut to its newest.
+    let e = &e[e.len().saturating_sub(MAX_EARLIER)..];
+    out.push(e.len() as u8);
+    for (origin, version) in e {
+        out.extend_from_slice(&origin.to_le_bytes());
+        out.extend_from_slice(&version.to_le_bytes());
+    }
+}
+
+fn earlier(r: &mut Reader<'_>) -> Option<Earlier> {
+    let n = usize::from(r.u8()?);
+    if n > MAX_EARLIER {
+        return None;
+    }
+    (0..n).map(|_| Some((r.u64()?, r.u64()?))).collect()
 }
 
 fn copy(r: &mut Reader<'_>, now: Time) -> Option<Copy> {
@@ -396,11 +418,17 @@ impl Msg {
                 o.push(3);
                 o.extend_from_slice(&id.to_le_bytes());
             }
-            Msg::Repl { id, key, copy } => {
+            Msg::Repl {
+                id,
+                key,
+                copy,
+                earlier,
+            } => {
                 o.push(4);
                 o.extend_from_slice(&id.to_le_bytes());
                 put_key(&mut o, key);
                 put_copy(&mut o, copy, now);
+                put_earlier(&mut o, earlier);
             }
             Msg::Rack { id, applied } => {
                 o.push(5);
@@ -416,7 +444,12 @@ impl Msg {
                 o.extend_from_slice(&id.to_le_bytes());
                 put_key(&mut o, key);
             }
-            Msg::Fetched { id, copy, floor } => {
+            Msg::Fetched {
+                id,
+                copy,
+                floor,
+                earlier,
+            } => {
                 o.push(7);
                 o.extend_from_slice(&id.to_le_bytes());
                 o.extend_from_slice(&floor.to_le_bytes());
@@ -427,6 +460,7 @@ impl Msg {
                         put_copy(&mut o, c, now);
                     }
                 }
+                put_earlier(&mut o, earlier);
             }
             Msg::Invalidate { id, version, key } => {
                 o.push(8);
@@ -479,6 +513,7 @@ impl Msg {
                 id: r.u64()?,
                 key: r.key()?,
                 copy: copy(&mut r, now)?,
+                earlier: earlier(&mut r)?,
             },
             5 => Msg::Rack {
                 id: r.u64()?,
@@ -496,7 +531,12 @@ impl Msg {
                     1 => Some(copy(&mut r, now)?),
                     _ => return None,
                 };
-                Msg::Fetched { id, copy: c, floor }
+                Msg::Fetched {
+                    id,
+                    copy: c,
+                    floor,
+                    earlier: earlier(&mut r)?,
+                }
             }
             8 => Msg::Invalidate {
                 id: r.u64()?,
@@ -612,6 +652,7 @@ mod tests {
                 id: 5,
                 key: b"k".to_vec(),
                 copy: Copy::Item(it.clone()),
+                earlier: vec![(9, 1), (11, 2)],
             },
             Msg::Repl {
                 id: 5,
@@ -620,16 +661,19 @@ mod tests {
                     version: 8,
                     origin: 3,
                 },
+                earlier: Vec::new(),
             },
             Msg::Fetched {
                 id: 6,
                 copy: None,
                 floor: 4,
+                earlier: Vec::new(),
             },
             Msg::Fetched {
                 id: 6,
                 copy: Some(Copy::Item(it.clone())),
                 floor: 0,
+                earlier: vec![(5, 7)],
             },
             Msg::Invalidate {
                 id: 2,
