@@ -6,8 +6,7 @@
 
 use torusnet_proto::rng::SplitMix64;
 
-use crate::transmit::MAX_FRAME_CHUNKS;
-use crate::xsk::XdpDesc;
+use crate::xsk::{XdpDesc, MAX_FRAME_CHUNKS};
 
 /// What a link does to its frames: each a probability per frame, 0 for none.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

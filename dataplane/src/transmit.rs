@@ -22,13 +22,10 @@ use crate::fill_depth::FillDepth;
 use crate::port::Port;
 use crate::shared::{Handoff, HandoffCounts, Shared};
 use crate::xsk::sys::XDP_PKT_CONTD;
-use crate::xsk::{Umem, XdpDesc, CHUNK};
+use crate::xsk::{Umem, XdpDesc, CHUNK, MAX_FRAME_CHUNKS};
 
 /// Frames handled per ring per turn, so no link starves the others.
 pub(crate) const BATCH: u32 = 64;
-
-/// UMEM chunks of the largest frame (MTU 9000, the most the configuration takes).
-pub(crate) const MAX_FRAME_CHUNKS: usize = (9000 + 14usize).div_ceil(CHUNK);
 
 /// Most descriptors a link's TX ring may hold before the link counts as full. The ring
 /// could take 2048, but in copy mode the kernel drains a budget per kick, and frames parked

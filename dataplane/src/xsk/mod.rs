@@ -13,4 +13,4 @@ pub mod umem;
 
 pub use socket::{CopyMode, SocketConfig, SocketInfo, XskSocket};
 pub use sys::XdpDesc;
-pub use umem::{Umem, CHUNK};
+pub use umem::{Umem, CHUNK, MAX_FRAME_CHUNKS};

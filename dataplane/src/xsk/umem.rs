@@ -12,6 +12,9 @@ use super::sys::Mmap;
 /// Chunk size: the largest the kernel allows (frames above it are multi-buffer).
 pub const CHUNK: usize = 4096;
 
+/// UMEM chunks of the largest frame (MTU 9000, the most the configuration takes).
+pub const MAX_FRAME_CHUNKS: usize = (9000 + 14usize).div_ceil(CHUNK);
+
 /// The shared packet memory of one server and its free chunks.
 #[derive(Debug)]
 pub struct Umem {
