@@ -561,6 +561,15 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     tracing::debug!(cmd, "management request");
     match cmd {
         "status" => d.status(),
+        "memory" => {
+            // `trim`: give the allocator's free memory back first (tells retention by the
+            // allocator from memory the program still holds).
+            let trimmed = req.get("trim").and_then(Value::as_bool) == Some(true)
+                && torusnet_ops::process::trim();
+            let mut v = torusnet_ops::process::memory().to_json();
+            v["trimmed"] = json!(trimmed);
+            Ok(v)
+        }
         "log" => match req.get("level").and_then(Value::as_str) {
             Some(l) => torusnet_ops::logging::set_level(l).map(|l| json!({"level": l})),
             None => Ok(json!({"level": torusnet_ops::logging::level()})),

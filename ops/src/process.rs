@@ -1,5 +1,6 @@
-//! What a process has used, read from /proc: the CPU time behind the benchmarks' CPU cost per
-//! message and the tests that check an idle daemon sleeps.
+//! What a process has used: its CPU time, read from /proc (behind the benchmarks' CPU cost
+//! per message and the tests that check an idle daemon sleeps), and its memory as the kernel
+//! and the allocator see it (behind the soaks' check that nothing grows).
 
 use std::time::Duration;
 
@@ -17,6 +18,77 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_nanos(t * 1_000_000_000 / hz))
 }
 
+/// This process's memory: what the kernel keeps resident, and what the allocator (glibc's
+/// malloc, every arena) lends to the program and holds without lending. Resident memory can
+/// grow while the program's own use does not: freed blocks stay in the allocator's arenas.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// Resident set size, KiB (/proc/self/status VmRSS).
+    pub rss_kib: u64,
+    /// Bytes the program has allocated and not freed.
+    pub heap_in_use: u64,
+    /// Bytes the allocator has from the system, lent or not.
+    pub heap_held: u64,
+}
+
+impl Memory {
+    /// As JSON, for the management socket.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "rss_kib": self.rss_kib,
+            "heap_in_use": self.heap_in_use,
+            "heap_held": self.heap_held,
+        })
+    }
+}
+
+/// This process's memory now ([`Memory`]); the allocator's figures are 0 where it is not
+/// glibc's.
+pub fn memory() -> Memory {
+    let rss_kib = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0);
+    let (heap_in_use, heap_held) = heap();
+    Memory {
+        rss_kib,
+        heap_in_use,
+        heap_held,
+    }
+}
+
+#[cfg(target_env = "gnu")]
+fn heap() -> (u64, u64) {
+    // SAFETY: mallinfo2 only reads the allocator's statistics (under its arenas' locks).
+    let m = unsafe { libc::mallinfo2() };
+    let mapped = m.hblkhd as u64;
+    (m.uordblks as u64 + mapped, m.arena as u64 + mapped)
+}
+
+#[cfg(not(target_env = "gnu"))]
+fn heap() -> (u64, u64) {
+    (0, 0)
+}
+
+/// Gives the allocator's free memory back to the system where it can (glibc's
+/// `malloc_trim`); whether any was released.
+pub fn trim() -> bool {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) != 0 }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -27,5 +99,25 @@ mod tests {
         assert!(spin > 0);
         assert!(cpu_time(std::process::id()).is_some());
         assert_eq!(cpu_time(u32::MAX), None);
+    }
+
+    #[test]
+    fn memory_in_use_follows_what_the_program_holds() {
+        let before = memory();
+        assert!(before.rss_kib > 0);
+        let block: Vec<u8> = vec![7; 64 << 20];
+        let during = memory();
+        assert!(
+            during.heap_in_use >= before.heap_in_use + (60 << 20),
+            "{before:?} -> {during:?}"
+        );
+        assert!(during.heap_held >= during.heap_in_use);
+        drop(std::hint::black_box(block));
+        let after = memory();
+        assert!(
+            after.heap_in_use + (60 << 20) <= during.heap_in_use,
+            "{during:?} -> {after:?}"
+        );
+        let _ = trim();
     }
 }
