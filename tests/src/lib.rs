@@ -14,6 +14,8 @@ use serde_json::{json, Value};
 use torusnet_dataplane::cluster;
 use torusnet_proto::topology::Dims;
 
+pub mod ip;
+
 /// A whole number a test reads from the environment (a soak's length, a count of
 /// restarts), else `default`; anything else set there stops the test with its name.
 pub fn env_u64(name: &str, default: u64) -> u64 {

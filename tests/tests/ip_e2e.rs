@@ -3,67 +3,13 @@
 //! three hops apart, a 100 MB file over HTTP (`python3 -m http.server`, `curl`) byte-exact, and
 //! iperf3 through a link cut and a server kill on its path.
 
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use torusnet_e2e::ip::{
+    download, gbps, iperf, pattern, run_in, serve_http, v4, v6, wait_interfaces,
+};
 use torusnet_e2e::Torus;
 use torusnet_proto::topology::Coord;
-
-/// Processes a test started, killed by PID when it ends (also when it fails).
-#[derive(Default)]
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn v4(t: &Torus, c: Coord) -> String {
-    format!("10.77.0.{}", t.dims.index(c) + 1)
-}
-
-fn v6(t: &Torus, c: Coord) -> String {
-    format!("fd77::{:x}", t.dims.index(c) + 1)
-}
-
-fn run_in(t: &Torus, c: Coord, args: &[&str]) -> Output {
-    Command::new("ip")
-        .args(["netns", "exec", &t.ns(c)])
-        .args(args)
-        .output()
-        .expect("run in a namespace")
-}
-
-fn spawn_in(t: &Torus, c: Coord, args: &[&str]) -> Child {
-    Command::new("ip")
-        .args(["netns", "exec", &t.ns(c)])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start in a namespace")
-}
-
-fn wait_interfaces(t: &Torus) {
-    let start = Instant::now();
-    for c in t.dims.coords() {
-        while t
-            .ask(c, false, &json!({"cmd": "status"}))
-            .is_none_or(|s| s["ip"].is_null())
-        {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "no torus0 at {c}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
 
 #[test]
 fn ping_and_ping6_between_every_pair_of_a_3x3x1_torus() {
@@ -96,35 +42,6 @@ fn ping_and_ping6_between_every_pair_of_a_3x3x1_torus() {
     let out = run_in(&t, all[0], &["ping", "-c", "1", "-W", "2", "10.77.0.200"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("Unreachable"), "{text}");
-}
-
-fn iperf(t: &Torus, from: Coord, to: Coord, port: u16, extra: &[&str]) -> Value {
-    let mut procs = Procs::default();
-    let p = port.to_string();
-    procs.0.push(spawn_in(
-        t,
-        to,
-        &["iperf3", "-s", "-1", "-p", &p, "-B", &v4(t, to)],
-    ));
-    let dst = v4(t, to);
-    let mut args = vec!["iperf3", "-c", dst.as_str(), "-p", p.as_str(), "-J"];
-    args.extend_from_slice(extra);
-    for _ in 0..50 {
-        let out = run_in(t, from, &args);
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        let refused = v["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("refused") || e.contains("connect"));
-        if !refused {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("iperf3 server at {to} never accepted");
-}
-
-fn gbps(v: &Value, end: &str) -> f64 {
-    v["end"][end]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9
 }
 
 #[test]
@@ -167,44 +84,15 @@ fn iperf3_http_and_failures_on_a_3x3x3_torus() {
     let dir = t.dir().join("www");
     std::fs::create_dir_all(&dir).expect("www");
     let file = dir.join("big.bin");
-    let mut data = vec![0u8; 100 << 20];
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for chunk in data.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-    }
+    let data = pattern(100 << 20);
     std::fs::write(&file, &data).expect("write the file");
-    let mut procs = Procs::default();
-    let www = dir.to_string_lossy().into_owned();
-    procs.0.push(spawn_in(
-        &t,
-        b,
-        &[
-            "python3",
-            "-m",
-            "http.server",
-            "8080",
-            "--bind",
-            &v4(&t, b),
-            "--directory",
-            &www,
-        ],
-    ));
+    let (procs, url) = serve_http(&t, b, &dir, "big.bin");
     let got = t.dir().join("got.bin");
-    let url = format!("http://{}:8080/big.bin", v4(&t, b));
     let start = Instant::now();
-    let mut ok = false;
-    for _ in 0..50 {
-        let out = run_in(&t, a, &["curl", "-sf", "-o", &got.to_string_lossy(), &url]);
-        if out.status.success() {
-            ok = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(ok, "curl never got the file");
+    assert!(
+        download(&t, a, &url, &got, Duration::from_secs(60)),
+        "curl never got the file"
+    );
     let back = std::fs::read(&got).expect("read what curl got");
     eprintln!(
         "HTTP: 100 MB in {:.2} s, byte-exact: {}",
