@@ -12,14 +12,19 @@
 //! The platform soak: the same journalled traffic, and at the same time memcached clients
 //! (pymemcache) running a register workload through six gateways, judged for linearizability
 //! (scripts/kvlin.py: asserted before the faults begin, and under faults in runs of five
-//! minutes or more), and multicasts back to back, while faults land every few seconds: loss
-//! on a link, a link taken down and up, torusd or the control process killed and restarted.
+//! minutes or more), multicasts back to back, an iperf3 flow and 100 MB HTTP downloads over
+//! the IP service, two applications' calls accounted for exactly once, and remote writes
+//! read back, while faults land every few seconds: loss on a link, duplication and
+//! reordering on a link, a link taken down and up, torusd or the control process killed and
+//! restarted (torusd only away from the steady servers the IP flows and applications use).
+//! Every daemon's memory is compared before and after, and the steady torusds' every minute.
 //! Its length is TORUSNET_SOAK_SECONDS (60 in the test command; scripts/soak.sh runs 600).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use torusnet_e2e::ip::{gbps, iperf, wait_interfaces};
 use torusnet_e2e::{env_u64, root, Daemon, Torus};
 use torusnet_proto::rng::SplitMix64;
 use torusnet_proto::topology::Coord;
@@ -359,6 +364,37 @@ fn rss(t: &Torus) -> HashMap<(Coord, &'static str, u32), u64> {
     out
 }
 
+/// The memory of the torusd at `servers` (`{"cmd":"memory"}`, `trim` as it says), in MiB:
+/// resident, the heap in use, the heap the allocator holds; in their order.
+fn memory_of(t: &Torus, servers: &[Coord], trim: bool) -> Vec<[u64; 3]> {
+    servers
+        .iter()
+        .map(|c| {
+            let m = t
+                .ask_within(
+                    *c,
+                    &json!({"cmd": "memory", "trim": trim}),
+                    Duration::from_secs(5),
+                )
+                .unwrap_or_default();
+            let mib = |k: &str, unit: u64| m[k].as_u64().unwrap_or(0) / unit;
+            [
+                mib("rss_kib", 1024),
+                mib("heap_in_use", 1 << 20),
+                mib("heap_held", 1 << 20),
+            ]
+        })
+        .collect()
+}
+
+/// What the workloads between steady servers saw.
+struct Ran {
+    ip: Value,
+    http: Downloads,
+    calls: Calls,
+    rmem: RemoteWrites,
+}
+
 /// scripts/kvlin.py in the front namespace: `seconds` of the register workload through
 /// `gateways`, judged; its JSON line.
 fn kvlin(t: &Torus, gateways: &[String], seconds: u64, seed: u64) -> Value {
@@ -383,6 +419,240 @@ fn kvlin(t: &Torus, gateways: &[String], seconds: u64, seed: u64) -> Value {
             String::from_utf8_lossy(&out.stderr)
         )
     })
+}
+
+/// Servers whose torusd the platform soak never kills: the ends of its IP flows and of
+/// its applications' exchanges (a TCP connection, and an application's channel, end with
+/// their torusd). Their links and control processes take faults like any other's, and the
+/// servers between them are killed like any other.
+const STEADY: [usize; 8] = [1, 25, 2, 24, 3, 23, 5, 21];
+
+fn apps_sock(t: &Torus, c: Coord) -> std::path::PathBuf {
+    t.dir()
+        .join(format!("{}-apps.sock", c.to_string().replace(',', "-")))
+}
+
+fn bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Two applications' calls, accounted for exactly once.
+#[derive(Debug, Default)]
+struct Calls {
+    made: u64,
+    answered: u64,
+    /// Answers that were not the request's bytes.
+    wrong: u64,
+    /// Calls that ended with an error, by the error.
+    failed: HashMap<String, u64>,
+    /// Requests the serving application ran.
+    ran: u64,
+    /// Requests it ran more than once.
+    ran_twice: u64,
+    /// Calls answered that the server never ran.
+    answered_unrun: u64,
+}
+
+/// Applications at `server` and `client` (in their own threads here, attached through the
+/// application sockets) exchanging calls until `until`: the server answers each request
+/// with its bytes and counts every request id it runs; every call ends answered or with an
+/// error, and nothing is run twice.
+fn calls(t: &Torus, server: Coord, client: Coord, until: Instant) -> Calls {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use torusnet_client::{Client, Dest, Wait};
+    let stop = AtomicBool::new(false);
+    let srv = Client::attach(apps_sock(t, server), "soak-calls").expect("attach the server");
+    let cli = Client::attach(apps_sock(t, client), "soak-caller").expect("attach the caller");
+    let to = srv.address();
+    std::thread::scope(|s| {
+        let runs = s.spawn(|| {
+            let mut runs: HashMap<u64, u64> = HashMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                let r = srv.serve(Wait::Timeout(Duration::from_millis(100)), |_, req| {
+                    if let Some(id) = req.get(..8) {
+                        let id = u64::from_le_bytes(id.try_into().unwrap_or_default());
+                        *runs.entry(id).or_default() += 1;
+                    }
+                    req.to_vec()
+                });
+                assert!(r.is_ok(), "the serving application: {r:?}");
+            }
+            runs
+        });
+        let mut out = Calls::default();
+        let mut answered = Vec::new();
+        let mut id = 0u64;
+        while Instant::now() < until {
+            let mut req = id.to_le_bytes().to_vec();
+            req.extend(bytes(id, 16 + (id as usize * 7919) % 4000));
+            out.made += 1;
+            match cli.call(Dest::Service(to), &req, Duration::from_secs(3)) {
+                Ok(reply) if reply == req => {
+                    out.answered += 1;
+                    answered.push(id);
+                }
+                Ok(_) => out.wrong += 1,
+                Err(e) => {
+                    *out.failed.entry(e.to_string()).or_default() += 1;
+                    // Whatever happened to that call, the next is not held up by it.
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            id += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let runs = runs.join().expect("server thread");
+        out.ran = runs.len() as u64;
+        out.ran_twice = runs.values().filter(|&&n| n > 1).count() as u64;
+        out.answered_unrun = answered.iter().filter(|i| !runs.contains_key(i)).count() as u64;
+        out
+    })
+}
+
+/// Remote writes read back.
+#[derive(Debug, Default)]
+struct RemoteWrites {
+    writes: u64,
+    reads: u64,
+    /// Reads (and, at the end, the owner's own bytes) equal to the last write that
+    /// succeeded.
+    matched: u64,
+    /// Reads that differed from it.
+    differed: u64,
+    /// Operations that ended with an error, by status.
+    failed: HashMap<String, u64>,
+}
+
+/// An owner at `owner` registers a region; an initiator at `initiator` writes 64 KiB blocks
+/// of it one-sided, reads each back and compares, until `until`; then the owner's bytes are
+/// compared with every block's last write that succeeded. A failed write leaves its block
+/// unknown until it is written again.
+fn remote_writes(t: &Torus, owner: Coord, initiator: Coord, until: Instant) -> RemoteWrites {
+    use torusnet_client::rmem::{Status, READ, WRITE};
+    use torusnet_client::{Client, RemoteOptions};
+    const BLOCK: usize = 64 << 10;
+    const BLOCKS: usize = 16;
+    let own = Client::attach(apps_sock(t, owner), "soak-rmem-owner").expect("attach the owner");
+    let ini = Client::attach(apps_sock(t, initiator), "soak-rmem").expect("attach the initiator");
+    let region = own
+        .register_region((BLOCK * BLOCKS) as u64, READ | WRITE)
+        .expect("register the region");
+    let local = ini
+        .register_region(BLOCK as u64, READ | WRITE)
+        .expect("register the read-back region");
+    let mut out = RemoteWrites::default();
+    let mut last: Vec<Option<u64>> = vec![None; BLOCKS];
+    let fail = |out: &mut RemoteWrites, what: &str, s: String| {
+        *out.failed.entry(format!("{what}: {s}")).or_default() += 1;
+    };
+    let mut k = 0u64;
+    while Instant::now() < until {
+        let b = (k as usize * 7) % BLOCKS;
+        let at = (b * BLOCK) as u64;
+        let data = bytes(k + 1, BLOCK);
+        out.writes += 1;
+        let wrote = ini
+            .remote_write(&region.cap, at, &data, RemoteOptions::default())
+            .and_then(|op| ini.wait_remote(op, Duration::from_secs(20)));
+        match wrote {
+            Ok((Status::Ok, _)) => last[b] = Some(k + 1),
+            Ok((st, _)) => {
+                last[b] = None;
+                fail(&mut out, "write", st.name().to_string());
+            }
+            Err(e) => {
+                last[b] = None;
+                fail(&mut out, "write", e.to_string());
+            }
+        }
+        if let Some(seed) = last[b] {
+            out.reads += 1;
+            let read = ini
+                .remote_read(
+                    &region.cap,
+                    at,
+                    BLOCK as u64,
+                    &local,
+                    0,
+                    RemoteOptions::default(),
+                )
+                .and_then(|op| ini.wait_remote(op, Duration::from_secs(20)));
+            match read {
+                Ok((Status::Ok, _)) => {
+                    let mut back = vec![0u8; BLOCK];
+                    if ini.region_read(&local, 0, &mut back) && back == bytes(seed, BLOCK) {
+                        out.matched += 1;
+                    } else {
+                        out.differed += 1;
+                    }
+                }
+                Ok((st, _)) => fail(&mut out, "read", st.name().to_string()),
+                Err(e) => fail(&mut out, "read", e.to_string()),
+            }
+        }
+        k += 1;
+    }
+    for (b, seed) in last.iter().enumerate() {
+        if let Some(seed) = seed {
+            let mut mine = vec![0u8; BLOCK];
+            if own.region_read(&region, (b * BLOCK) as u64, &mut mine)
+                && mine == bytes(*seed, BLOCK)
+            {
+                out.matched += 1;
+            } else {
+                out.differed += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Downloads over HTTP of a 100 MB file, each compared with the file.
+#[derive(Debug, Default)]
+struct Downloads {
+    whole: u64,
+    differed: u64,
+    failed: u64,
+    seconds: Vec<f64>,
+}
+
+/// python3's http.server at `server` serving 100 MB, fetched with curl from `client` over
+/// and over until `until`.
+fn downloads(t: &Torus, server: Coord, client: Coord, until: Instant) -> Downloads {
+    use torusnet_e2e::ip::{download, pattern, serve_http};
+    let dir = t.dir().join("www");
+    std::fs::create_dir_all(&dir).expect("www");
+    let data = pattern(100 << 20);
+    std::fs::write(dir.join("big.bin"), &data).expect("write the file");
+    let (procs, url) = serve_http(t, server, &dir, "big.bin");
+    let got = t.dir().join("got.bin");
+    let mut out = Downloads::default();
+    while Instant::now() + Duration::from_secs(5) < until {
+        let start = Instant::now();
+        let _ = std::fs::remove_file(&got);
+        if !download(t, client, &url, &got, Duration::from_secs(120)) {
+            out.failed += 1;
+            continue;
+        }
+        out.seconds.push(start.elapsed().as_secs_f64());
+        if std::fs::read(&got).is_ok_and(|b| b == data) {
+            out.whole += 1;
+        } else {
+            out.differed += 1;
+        }
+    }
+    drop(procs);
+    let _ = std::fs::remove_file(&got);
+    let _ = std::fs::remove_file(dir.join("big.bin"));
+    out
 }
 
 /// The soak length from which the key-value history under faults must be linearizable.
@@ -418,6 +688,7 @@ fn the_platform_under_faults() {
     for (i, c) in all.iter().enumerate() {
         start_load(&t, *c, i as u64 + 1);
     }
+    wait_interfaces(&t);
     std::thread::sleep(Duration::from_secs(5));
     let warm = rss(&t);
 
@@ -434,9 +705,17 @@ fn the_platform_under_faults() {
     );
     assert_eq!(quiet["linearizable"], json!(true), "{quiet}");
     let until = Instant::now() + Duration::from_secs(secs);
-    let (kv, mcasts, faults) = std::thread::scope(|s| {
+    let steady: Vec<Coord> = STEADY.iter().map(|&i| all[i]).collect();
+    let ip_secs = (secs * 3 / 4).max(10).to_string();
+    let (kv, mcasts, faults, ran, steady_rss) = std::thread::scope(|s| {
         // The register workload under faults, judged for linearizability.
         let kv = s.spawn(|| kvlin(&t, &gateways, secs, 7));
+        // An iperf3 flow and HTTP downloads over the IP service, applications' calls and
+        // remote writes, each between two steady servers.
+        let ipf = s.spawn(|| iperf(&t, steady[0], steady[1], 5301, &["-t", &ip_secs]));
+        let http = s.spawn(|| downloads(&t, steady[2], steady[3], until));
+        let rpc = s.spawn(|| calls(&t, steady[4], steady[5], until));
+        let rm = s.spawn(|| remote_writes(&t, steady[6], steady[7], until));
         // Multicasts of 8 MB from changing roots, back to back.
         let mc = s.spawn(|| {
             let mut results = Vec::new();
@@ -456,11 +735,18 @@ fn the_platform_under_faults() {
         // The faults.
         let mut rng = SplitMix64::new(17);
         let mut faults: HashMap<&'static str, u64> = HashMap::new();
+        // The steady servers' torusd are never restarted: their memory over the run.
+        let mut steady_rss = vec![(0u64, memory_of(&t, &steady, false))];
+        let began = Instant::now();
         while Instant::now() + Duration::from_secs(4) < until {
             std::thread::sleep(Duration::from_secs(2));
+            let minute = began.elapsed().as_secs() / 60;
+            if minute > steady_rss.last().map_or(0, |m| m.0) {
+                steady_rss.push((minute, memory_of(&t, &steady, false)));
+            }
             let c = all[rng.below(all.len() as u64) as usize];
             let d = rng.below(6) as usize;
-            match rng.below(4) {
+            match rng.below(5) {
                 0 => {
                     let set = |drop: f64| {
                         t.ask_within(
@@ -488,12 +774,33 @@ fn the_platform_under_faults() {
                     *faults.entry("link down for 1.5 s").or_default() += 1;
                 }
                 2 => {
+                    // Not a steady server: the next one in index order that is not.
+                    let mut c = c;
+                    while steady.contains(&c) {
+                        c = all[(t.dims.index(c) + 1) % all.len()];
+                    }
                     t.signal(c, Daemon::Torusd, "KILL");
                     std::thread::sleep(Duration::from_millis(300));
                     t.start_daemon(c, Daemon::Torusd);
                     wait_dataplane(&t, c);
                     start_load(&t, c, 5000 + rng.below(1000));
                     *faults.entry("torusd killed and restarted").or_default() += 1;
+                }
+                3 => {
+                    let set = |p: f64| {
+                        t.ask_within(
+                            c,
+                            &json!({"cmd": "fault", "link": LINKS[d], "duplicate": p, "reorder": p}),
+                            Duration::from_secs(5),
+                        )
+                    };
+                    if set(0.05).is_ok() {
+                        std::thread::sleep(Duration::from_secs(2));
+                        let _ = set(0.0);
+                        *faults
+                            .entry("duplication and reordering 5% on a link for 2 s")
+                            .or_default() += 1;
+                    }
                 }
                 _ => {
                     t.signal(c, Daemon::Control, "KILL");
@@ -505,10 +812,22 @@ fn the_platform_under_faults() {
                 }
             }
         }
+        steady_rss.push((
+            began.elapsed().as_secs().div_ceil(60),
+            memory_of(&t, &steady, false),
+        ));
+        let ran = Ran {
+            ip: ipf.join().expect("iperf3 thread"),
+            http: http.join().expect("HTTP thread"),
+            calls: rpc.join().expect("calls thread"),
+            rmem: rm.join().expect("remote writes thread"),
+        };
         (
             kv.join().expect("kv thread"),
             mc.join().expect("multicast thread"),
             faults,
+            ran,
+            steady_rss,
         )
     });
 
@@ -577,6 +896,50 @@ fn the_platform_under_faults() {
         mcasts.len(),
         mc_err.len()
     );
+    eprintln!(
+        "iperf3 {} -> {} over the IP service: {:.2} Gb/s received, error {}",
+        steady[0],
+        steady[1],
+        gbps(&ran.ip, "sum_received"),
+        ran.ip["error"]
+    );
+    eprintln!(
+        "HTTP downloads of 100 MB {} -> {}: {:?}",
+        steady[2], steady[3], ran.http
+    );
+    eprintln!(
+        "applications' calls {} -> {}: {:?}",
+        steady[5], steady[4], ran.calls
+    );
+    eprintln!(
+        "remote writes {} -> {}: {:?}",
+        steady[7], steady[6], ran.rmem
+    );
+    eprintln!(
+        "steady torusd memory by minute, [resident, heap in use, heap held] MiB, servers {}:",
+        steady
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for (minute, m) in &steady_rss {
+        eprintln!("  minute {minute}: {m:?}");
+    }
+    let trimmed = memory_of(&t, &steady, true);
+    eprintln!("  after the allocator gave back its free memory: {trimmed:?}");
+    // The program's own memory after warm-up (the first sample under faults, or the start
+    // in a run shorter than two minutes) against the end: what it holds must not grow with
+    // time (resident memory may, while the allocator keeps freed blocks).
+    let warm_heap = &steady_rss[usize::from(steady_rss.len() > 2)].1;
+    let end_heap = &steady_rss[steady_rss.len() - 1].1;
+    let heap_grew: Vec<_> = warm_heap
+        .iter()
+        .zip(end_heap)
+        .zip(&steady)
+        .filter(|((w, e), _)| e[1] > w[1] * 3 / 2 + 16)
+        .map(|((w, e), c)| (c.to_string(), w[1], e[1]))
+        .collect();
     let mut grew = Vec::new();
     for (k, before) in &warm {
         if let Some(after) = end.get(k) {
@@ -613,5 +976,29 @@ fn the_platform_under_faults() {
     assert!(o.sent > 1000, "traffic flowed: {o:?}");
     assert!(!mcasts.is_empty(), "no multicast ran");
     assert!(grew.is_empty(), "memory grew: {grew:?}");
+    assert!(heap_grew.is_empty(), "the heap in use grew: {heap_grew:?}");
+    assert!(ran.ip["error"].is_null(), "iperf3 failed: {}", ran.ip);
+    assert!(gbps(&ran.ip, "sum_received") > 0.01, "{}", ran.ip);
+    let h = &ran.http;
+    assert!(h.whole > 0 && h.differed == 0 && h.failed == 0, "{h:?}");
+    let c = &ran.calls;
+    assert_eq!(c.ran_twice, 0, "a request run twice: {c:?}");
+    assert_eq!(c.wrong, 0, "a wrong answer: {c:?}");
+    assert_eq!(
+        c.answered_unrun, 0,
+        "an answer the server never gave: {c:?}"
+    );
+    assert_eq!(
+        c.made,
+        c.answered + c.wrong + c.failed.values().sum::<u64>(),
+        "{c:?}"
+    );
+    assert!(c.answered > 100, "{c:?}");
+    let r = &ran.rmem;
+    assert_eq!(
+        r.differed, 0,
+        "remote memory differed from its last write: {r:?}"
+    );
+    assert!(r.matched > 10, "{r:?}");
     assert!(faults.values().sum::<u64>() >= secs / 8, "{faults:?}");
 }
