@@ -150,6 +150,7 @@ impl StatCounts {
                 not_primary: d(k.not_primary, b.not_primary),
                 fetches: d(k.fetches, b.fetches),
                 invalidations: d(k.invalidations, b.invalidations),
+                lease_waits: d(k.lease_waits, b.lease_waits),
                 cache_hits: d(k.cache_hits, b.cache_hits),
                 cache_misses: d(k.cache_misses, b.cache_misses),
                 cache_evictions: d(k.cache_evictions, b.cache_evictions),

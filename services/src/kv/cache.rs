@@ -7,6 +7,14 @@
 //! the key's primary any more (that server failed, or another came back), so a new primary,
 //! which knows no holders, never leaves a stale copy behind. Copies are bounded in bytes and
 //! evicted least recently used first.
+//!
+//! A copy is served only within its *lease*: [`LEASE`] from when the cache server asked for
+//! it. An invalidation can go unconfirmed (the cache server's messages lost for longer than
+//! the primary waits, or the transport gives up on it while the server is still alive), and
+//! a write acknowledged past such a cache server would leave it serving the overwritten
+//! value; instead the primary holds the write's answer until that server's lease surely ran
+//! out (the lease began before the primary answered the fill, so before it sent the
+//! invalidation).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -23,6 +31,11 @@ use super::{routing_key, Kv, KvCounters, Waits, RETRY};
 
 /// How long a cache server keeps asking a primary for a fill.
 const FILL_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// How long a cached copy may be served, from when its fill was asked for. No longer than
+/// the primary waits for an invalidation's confirmation, so a silent cache server's lease
+/// has run out by the time the primary gives up on it.
+pub(super) const LEASE: Duration = Duration::from_millis(1000);
 
 /// The routing keys of `key`'s cache servers.
 pub fn derived_keys(key: &[u8], k: usize) -> impl Iterator<Item = u64> + '_ {
@@ -58,18 +71,27 @@ struct Fill {
     waiters: Vec<(Coord, u64)>,
     deadline: Time,
     retry_at: Option<Time>,
+    /// When this fill was first asked for: the copy's lease starts here.
+    asked: Time,
     /// The newest version an invalidation named while the fill was in flight (0: none).
     /// The primary's answer and its invalidation can overtake each other on the way (the
     /// transport orders only fenced messages): an answer older than this is stale.
     invalidated: u64,
 }
 
+/// Where a cached copy came from, and until when it may be served.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    primary: Coord,
+    until: Time,
+}
+
 /// Cached copies and fills in flight.
 #[derive(Debug)]
 pub struct Cache {
     copies: Store,
-    /// The primary each copy came from.
-    primary_of: HashMap<Vec<u8>, Coord>,
+    /// Each copy's primary and lease.
+    leases: HashMap<Vec<u8>, Lease>,
     fills: HashMap<Vec<u8>, Fill>,
     fill_ids: Waits<Vec<u8>>,
     scan_at: Option<Time>,
@@ -80,7 +102,7 @@ impl Cache {
     pub fn new(bytes: usize) -> Cache {
         Cache {
             copies: Store::new(bytes, true),
-            primary_of: HashMap::new(),
+            leases: HashMap::new(),
             fills: HashMap::new(),
             fill_ids: Waits::new(),
             scan_at: None,
@@ -118,37 +140,59 @@ impl Cache {
             .copy_of(key)
             .is_some_and(|c| c.version() < version);
         if old {
-            self.copies.remove(key);
-            self.primary_of.remove(key);
+            self.drop_copy(key);
         }
         old
+    }
+
+    fn drop_copy(&mut self, key: &[u8]) {
+        self.copies.remove(key);
+        self.leases.remove(key);
+    }
+
+    /// The copy of `key`, if its lease has not run out (an expired one is dropped).
+    fn leased(&mut self, key: &[u8], now: Time) -> Option<super::store::Item> {
+        if self.leases.get(key).is_some_and(|l| l.until > now) {
+            return self.copies.get(key, now).cloned();
+        }
+        if self.copies.copy_of(key).is_some() {
+            self.drop_copy(key);
+        }
+        None
     }
 
     /// Drops everything (flush_all).
     pub fn clear(&mut self) {
         self.copies.clear();
-        self.primary_of.clear();
+        self.leases.clear();
     }
 
     /// Drops copies whose primary is not the key's primary in the new view.
     pub fn view_changed(&mut self, node: &dyn Engine) {
         let stale: Vec<Vec<u8>> = self
-            .primary_of
+            .leases
             .iter()
-            .filter(|(k, p)| node.key_root(routing_key(k)) != Some(**p))
+            .filter(|(k, l)| node.key_root(routing_key(k)) != Some(l.primary))
             .map(|(k, _)| k.clone())
             .collect();
         for k in stale {
-            self.copies.remove(&k);
-            self.primary_of.remove(&k);
+            self.drop_copy(&k);
         }
     }
 
-    /// Drops expired copies, and the bookkeeping of evicted ones.
+    /// Drops expired copies and copies whose lease ran out, and the bookkeeping of evicted
+    /// ones.
     pub fn sweep(&mut self, now: Time) {
         self.copies.sweep(now);
-        let copies = &self.copies;
-        self.primary_of.retain(|k, _| copies.copy_of(k).is_some());
+        let ended: Vec<Vec<u8>> = self
+            .leases
+            .iter()
+            .filter(|(k, l)| l.until <= now || self.copies.copy_of(k).is_none())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in ended {
+            self.drop_copy(&k);
+        }
     }
 
     pub(super) fn next_due(&self) -> Option<Time> {
@@ -177,11 +221,11 @@ impl Kv {
             self.primary_request(now, node, from, id, false, key, Op::Get);
             return;
         }
-        if let Some(item) = self.cache.copies.get(&key, now) {
+        if let Some(item) = self.cache.leased(&key, now) {
             KvCounters::add(&self.counters.cache_hits, 1);
             let m = Msg::Resp {
                 id,
-                outcome: Outcome::Value(item.clone()),
+                outcome: Outcome::Value(item),
             };
             self.out.send(now, from, &m, 0);
             return;
@@ -200,6 +244,7 @@ impl Kv {
                 waiters: vec![(from, id)],
                 deadline,
                 retry_at: None,
+                asked: now,
                 invalidated: 0,
             },
         );
@@ -257,6 +302,7 @@ impl Kv {
         if !current {
             let fid = self.new_id();
             f.id = fid;
+            f.asked = now;
             f.invalidated = 0;
             f.retry_at = None;
             self.cache.fills.insert(key.clone(), f);
@@ -264,12 +310,17 @@ impl Kv {
             self.send_fill(now, node, &key);
             return;
         }
+        let until = f.asked + LEASE;
         if let Outcome::Value(item) = &outcome {
-            // Kept only while the answer's sender is still the key's primary here.
+            // Kept only while the answer's sender is still the key's primary here, and its
+            // lease has time left.
             if node.key_root(routing_key(&key)) == Some(primary)
+                && until > now
                 && self.cache.copies.put(&key, item.clone()).is_ok()
             {
-                self.cache.primary_of.insert(key.clone(), primary);
+                self.cache
+                    .leases
+                    .insert(key.clone(), Lease { primary, until });
             }
         }
         for (to, rid) in f.waiters {

@@ -177,6 +177,7 @@ pub struct KvCounters {
     not_primary: AtomicU64,
     fetches: AtomicU64,
     invalidations: AtomicU64,
+    lease_waits: AtomicU64,
     cache_hits: AtomicU64,
     cache_misses: AtomicU64,
     cache_items: AtomicU64,
@@ -225,6 +226,9 @@ pub struct KvStats {
     pub fetches: u64,
     /// Cached copies invalidated by writes.
     pub invalidations: u64,
+    /// Invalidations neither confirmed nor reported failed in time, or reported failed: the
+    /// write (or take-over) waited for that cache server's lease on its copy to run out.
+    pub lease_waits: u64,
     /// Reads a cache server answered from its copy.
     pub cache_hits: u64,
     /// Reads a cache server fetched from the primary.
@@ -286,6 +290,7 @@ impl KvCounters {
             not_primary: g(&self.not_primary),
             fetches: g(&self.fetches),
             invalidations: g(&self.invalidations),
+            lease_waits: g(&self.lease_waits),
             cache_hits: g(&self.cache_hits),
             cache_misses: g(&self.cache_misses),
             cache_items: g(&self.cache_items),

@@ -11,6 +11,10 @@
 //! drop their copies in the same step: the holders the previous primary knew of are not
 //! known here, and a cache server whose view lags would otherwise serve its copy past this
 //! primary's first acknowledged write.
+//!
+//! A cache server that does not confirm its invalidation cannot refuse it: the write goes on,
+//! but its answer (and everything after it on the key) waits until that server's lease on
+//! its copy has surely run out ([`cache::LEASE`] from when the invalidation was sent).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
@@ -63,13 +67,19 @@ enum Busy {
 struct KeyWork {
     busy: Busy,
     queue: VecDeque<Job>,
+    /// Until when the busy step may not end: a cache server that did not confirm its
+    /// invalidation may serve its copy until its lease runs out.
+    hold: Option<Time>,
 }
 
 /// What a confirmation or copy id is for.
 #[derive(Debug, Clone)]
 pub(super) enum Wait {
-    /// A write's copy or invalidation, for this key.
+    /// A write's copy, for this key.
     Write(Vec<u8>),
+    /// A cache server's invalidation, for this key (a write's, or a take-over's); its lease
+    /// on its copy ends by the time given.
+    Invalidation(Vec<u8>, Time),
     /// A fetch for this key.
     Fetch(Vec<u8>),
     /// A copy sent to a server catching up.
@@ -139,6 +149,7 @@ impl Kv {
         let w = self.primary.work.entry(key.clone()).or_insert(KeyWork {
             busy: Busy::Idle,
             queue: VecDeque::new(),
+            hold: None,
         });
         w.queue.push_back(Job {
             from,
@@ -209,10 +220,11 @@ impl Kv {
                     // server whose view still shows that primary would keep serving its
                     // copy after this server acknowledged a newer write. So every server
                     // that may hold a copy drops it before anything is ordered here.
+                    let lease = Wait::Invalidation(key.to_vec(), now + cache::LEASE);
                     for c in caches {
                         let id = self.new_id();
                         ids.insert(id);
-                        self.primary.waits.insert(id, wait.clone());
+                        self.primary.waits.insert(id, (lease.clone(), deadline));
                         KvCounters::add(&self.counters.invalidations, 1);
                         let m = Msg::Invalidate {
                             id,
@@ -363,12 +375,11 @@ impl Kv {
             };
             self.out.send(now, r, &m, id);
         }
+        let lease = Wait::Invalidation(key.to_vec(), now + cache::LEASE);
         for c in caches {
             let id = self.new_id();
             ids.insert(id);
-            self.primary
-                .waits
-                .insert(id, (Wait::Write(key.to_vec()), deadline));
+            self.primary.waits.insert(id, (lease.clone(), deadline));
             KvCounters::add(&self.counters.invalidations, 1);
             let m = Msg::Invalidate {
                 id,
@@ -431,8 +442,9 @@ impl Kv {
             return;
         };
         match wait {
-            Wait::Write(key) => self.write_done(now, node, &key, id),
-            Wait::Fetch(key) => self.fetch_done(now, node, &key, id),
+            Wait::Write(key) | Wait::Fetch(key) | Wait::Invalidation(key, _) => {
+                self.finished(now, node, &key, id)
+            }
             Wait::CatchUp => {}
             Wait::Rereplicate => {
                 if applied {
@@ -448,8 +460,9 @@ impl Kv {
         let Some((wait, _)) = self.primary.waits.remove(&id) else {
             return;
         };
-        let key = match &wait {
-            Wait::Write(k) | Wait::Fetch(k) => k.clone(),
+        let key = match wait {
+            Wait::Write(k) | Wait::Fetch(k) => k,
+            Wait::Invalidation(k, until) => return self.lease_wait(now, node, &k, id, until),
             Wait::CatchUp | Wait::Rereplicate => return,
         };
         if let Some(w) = self.primary.work.get_mut(&key) {
@@ -458,10 +471,17 @@ impl Kv {
                 Busy::Idle => {}
             }
         }
-        match wait {
-            Wait::Write(_) => self.write_done(now, node, &key, id),
-            _ => self.fetch_done(now, node, &key, id),
+        self.finished(now, node, &key, id);
+    }
+
+    /// Invalidation `id` of `key` was not confirmed: its cache server may serve its copy
+    /// until `until`, and the key's busy step ends no sooner.
+    fn lease_wait(&mut self, now: Time, node: &mut dyn Engine, key: &[u8], id: u64, until: Time) {
+        KvCounters::add(&self.counters.lease_waits, 1);
+        if let Some(w) = self.primary.work.get_mut(key) {
+            w.hold = Some(w.hold.map_or(until, |h| h.max(until)));
         }
+        self.finished(now, node, key, id);
     }
 
     /// Message `id` to `peer` will not be confirmed.
@@ -473,9 +493,12 @@ impl Kv {
         match wait {
             Wait::Write(key) => {
                 KvCounters::add(&self.counters.replica_failures, 1);
-                self.write_done(now, node, &key, id);
+                self.finished(now, node, &key, id);
             }
-            Wait::Fetch(key) => self.fetch_done(now, node, &key, id),
+            Wait::Fetch(key) => self.finished(now, node, &key, id),
+            // Reported failed is no proof the server is gone (the transport gives up on a
+            // silent peer): its copy may still be served until its lease ends.
+            Wait::Invalidation(key, until) => self.lease_wait(now, node, &key, id, until),
             Wait::CatchUp | Wait::Rereplicate => {}
         }
     }
@@ -496,64 +519,73 @@ impl Kv {
             self.take_copy(now, &key, c);
         }
         self.store.learn(&key, earlier);
-        self.fetch_done(now, node, &key, id);
+        self.finished(now, node, &key, id);
     }
 
-    fn write_done(&mut self, now: Time, node: &mut dyn Engine, key: &[u8], id: u64) {
+    /// Confirmation, copy or failure `id` of `key`'s busy step is in.
+    fn finished(&mut self, now: Time, node: &mut dyn Engine, key: &[u8], id: u64) {
         let Some(w) = self.primary.work.get_mut(key) else {
             return;
         };
-        let Busy::Writing { ids, .. } = &mut w.busy else {
-            return;
-        };
-        ids.remove(&id);
-        if !ids.is_empty() {
-            return;
-        }
-        if let Busy::Writing {
-            job,
-            outcome,
-            refused,
-            ..
-        } = std::mem::replace(&mut w.busy, Busy::Idle)
-        {
-            if refused {
-                // Applied here and perhaps at some replicas, but not acknowledged: the
-                // requester asks again, where its view then shows the primary.
-                self.turn_back(now, &job);
-            } else {
-                self.respond(now, &job, outcome);
+        match &mut w.busy {
+            Busy::Fetching { ids, .. } | Busy::Writing { ids, .. } => {
+                ids.remove(&id);
             }
+            Busy::Idle => return,
         }
-        self.advance(now, node, key);
+        self.settle(now, node, key);
     }
 
-    fn fetch_done(&mut self, now: Time, node: &mut dyn Engine, key: &[u8], id: u64) {
+    /// Ends `key`'s busy step once nothing is outstanding and no lease holds it: answers the
+    /// write (or turns it back), or takes the fetched key as fresh; then runs what waits.
+    fn settle(&mut self, now: Time, node: &mut dyn Engine, key: &[u8]) {
         let Some(w) = self.primary.work.get_mut(key) else {
             return;
         };
-        let Busy::Fetching { ids, refused } = &mut w.busy else {
-            return;
-        };
-        ids.remove(&id);
-        if !ids.is_empty() {
-            return;
+        match &w.busy {
+            Busy::Fetching { ids, .. } | Busy::Writing { ids, .. } if ids.is_empty() => {}
+            _ => return,
         }
-        if *refused {
-            // Another server orders this key in some holder's view: nothing waiting here
-            // is answered from this copy; the requesters ask again.
-            let jobs = std::mem::take(&mut w.queue);
-            self.primary.work.remove(key);
-            for job in jobs {
-                self.turn_back(now, &job);
+        if let Some(h) = w.hold {
+            if h > now {
+                self.primary.due_by(h);
+                return;
             }
-            return;
+            w.hold = None;
         }
-        w.busy = Busy::Idle;
-        if let Some(front) = w.queue.front_mut() {
-            front.checked = true;
+        match std::mem::replace(&mut w.busy, Busy::Idle) {
+            Busy::Writing {
+                job,
+                outcome,
+                refused,
+                ..
+            } => {
+                if refused {
+                    // Applied here and perhaps at some replicas, but not acknowledged: the
+                    // requester asks again, where its view then shows the primary.
+                    self.turn_back(now, &job);
+                } else {
+                    self.respond(now, &job, outcome);
+                }
+            }
+            Busy::Fetching { refused: true, .. } => {
+                // Another server orders this key in some holder's view: nothing waiting
+                // here is answered from this copy; the requesters ask again.
+                let jobs = std::mem::take(&mut w.queue);
+                self.primary.work.remove(key);
+                for job in jobs {
+                    self.turn_back(now, &job);
+                }
+                return;
+            }
+            Busy::Fetching { .. } => {
+                if let Some(front) = w.queue.front_mut() {
+                    front.checked = true;
+                }
+                self.primary.fresh.insert(key.to_vec());
+            }
+            Busy::Idle => {}
         }
-        self.primary.fresh.insert(key.to_vec());
         self.advance(now, node, key);
     }
 
@@ -577,13 +609,6 @@ impl Kv {
             .filter(|(_, (_, d))| *d <= now)
             .map(|(&id, _)| id)
             .collect();
-        self.primary.deadlines = self
-            .primary
-            .waits
-            .values()
-            .map(|(_, d)| *d)
-            .filter(|&d| d > now)
-            .min();
         let n = late.len();
         // Silence is not consent: a holder that takes another server for the primary
         // cannot answer a server its view no longer shows (its refusal has no route), so a
@@ -591,6 +616,19 @@ impl Kv {
         for id in late {
             self.refused(now, node, id);
         }
-        n
+        let held: Vec<Vec<u8>> = self
+            .primary
+            .work
+            .iter()
+            .filter(|(_, w)| w.hold.is_some_and(|h| h <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &held {
+            self.settle(now, node, key);
+        }
+        let waits = self.primary.waits.values().map(|(_, d)| *d);
+        let holds = self.primary.work.values().filter_map(|w| w.hold);
+        self.primary.deadlines = waits.chain(holds).filter(|&d| d > now).min();
+        n + held.len()
     }
 }

@@ -661,6 +661,72 @@ fn a_retried_write_that_was_overwritten_meanwhile_is_not_applied_again() {
 }
 
 #[test]
+fn a_cached_copy_is_served_only_within_its_lease() {
+    let mut net = Net::new(d333(), cfg());
+    let key = b"hot";
+    net.set(Coord::new(0, 0, 0), key, b"one");
+    let read_all = |net: &mut Net| {
+        for i in 0..27 {
+            assert_eq!(net.get(net.dims.coord(i), key), Some(b"one".to_vec()));
+        }
+    };
+    let counts = |net: &Net| -> (u64, u64) {
+        (0..27).fold((0, 0), |(h, m), i| {
+            let s = net.stats(i);
+            (h + s.cache_hits, m + s.cache_misses)
+        })
+    };
+    read_all(&mut net);
+    read_all(&mut net);
+    let (hits, misses) = counts(&net);
+    assert!(hits > 0 && misses > 0, "{hits} hits, {misses} misses");
+    // Within the lease the second round was served from the copies; past it every cache
+    // server asks the primary again.
+    net.run(super::cache::LEASE);
+    read_all(&mut net);
+    let (_, again) = counts(&net);
+    assert_eq!(again, 2 * misses, "each cache server filled once more");
+}
+
+#[test]
+fn a_cache_server_whose_invalidation_went_unanswered_serves_no_older_copy() {
+    // A cache server that neither confirms an invalidation nor is reported failed (its
+    // messages lost for longer than the primary waits, as under loss on a loaded link):
+    // the write is turned back, its retry acknowledged, and the cache server, heard again,
+    // must not serve its copy of the overwritten value.
+    let mut net = Net::new(d333(), cfg());
+    let key = b"hot";
+    net.set(Coord::new(0, 0, 0), key, b"one");
+    for i in 0..27 {
+        assert_eq!(net.get(net.dims.coord(i), key), Some(b"one".to_vec()));
+    }
+    let kh = super::routing_key(key);
+    let holders = net.with(0, |_, en| en.servers_for_key(kh, 3));
+    let c = (0..27)
+        .find(|&i| !holders.contains(&net.dims.coord(i)) && net.kv[i].cache.items() > 0)
+        .expect("a cache server holds a copy");
+    let writer = (0..27)
+        .find(|&i| i != c && !holders.contains(&net.dims.coord(i)))
+        .map(|i| net.dims.coord(i))
+        .expect("a writer");
+    net.silent[c] = true;
+    let rx = net.submit(writer, key, store(Mode::Set, b"two"));
+    net.run(Duration::from_millis(2500));
+    net.silent[c] = false;
+    net.run(Duration::from_secs(3));
+    let w = rx.try_recv().expect("the write ended");
+    assert!(
+        matches!(w.result, Ok(Outcome::Stored(_))),
+        "the write: {:?}",
+        w.result
+    );
+    for i in 0..27 {
+        let at = net.dims.coord(i);
+        assert_eq!(net.get(at, key), Some(b"two".to_vec()), "read at {at}");
+    }
+}
+
+#[test]
 fn a_primary_the_others_no_longer_see_answers_nothing_from_its_copy() {
     let mut net = Net::new(d333(), cfg());
     let key = b"k";
