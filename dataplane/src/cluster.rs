@@ -32,10 +32,16 @@ pub fn request(socket: &Path, req: &Value, timeout: Duration) -> Result<Value, S
         .map_err(|e| e.to_string())?;
     writeln!(s, "{req}").map_err(|e| e.to_string())?;
     let mut line = String::new();
-    BufReader::new(&s)
+    let n = BufReader::new(&s)
         .read_line(&mut line)
         .map_err(|e| e.to_string())?;
-    let v: Value = serde_json::from_str(&line).map_err(|e| e.to_string())?;
+    if n == 0 {
+        return Err(format!(
+            "{}: the daemon closed the socket without answering (it stopped or was killed)",
+            socket.display()
+        ));
+    }
+    let v: Value = serde_json::from_str(&line).map_err(|e| format!("a malformed answer: {e}"))?;
     match v.get("error") {
         Some(e) => Err(e.to_string()),
         None => Ok(v),
