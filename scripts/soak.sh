@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The long platform soak: a 3x3x3 torus under faults (loss on links, links down and up,
-# torusd and control processes killed and restarted) for SECONDS (default 600) while
-# journalled reliable traffic, a memcached register workload judged for linearizability and
-# multicasts run; prints its report (tests/tests/soak_e2e.rs, the_platform_under_faults).
+# The long platform soak: a 3x3x3 torus under faults (loss, duplication and reordering on
+# links, links down and up, torusd and control processes killed and restarted) for SECONDS
+# (default 600) while journalled reliable traffic, a memcached register workload judged for
+# linearizability, multicasts, iperf3 and HTTP downloads over the IP service, applications'
+# calls and remote writes run; prints its report (tests/tests/soak_e2e.rs,
+# the_platform_under_faults).
 # The test command runs the same soak for 60 s. With --all, the long versions of the other
 # soaks first: 20 restarts under checked traffic (10 in the test command) and 90 s of
 # churn (60). Needs root.

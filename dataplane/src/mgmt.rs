@@ -564,10 +564,14 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
         "memory" => {
             // `trim`: give the allocator's free memory back first (tells retention by the
             // allocator from memory the program still holds).
-            let trimmed = req.get("trim").and_then(Value::as_bool) == Some(true)
-                && torusnet_ops::process::trim();
+            let asked = req.get("trim").and_then(Value::as_bool) == Some(true);
+            let t = std::time::Instant::now();
+            let trimmed = asked && torusnet_ops::process::trim();
             let mut v = torusnet_ops::process::memory().to_json();
             v["trimmed"] = json!(trimmed);
+            if asked {
+                v["trim_us"] = json!(t.elapsed().as_micros() as u64);
+            }
             Ok(v)
         }
         "log" => match req.get("level").and_then(Value::as_str) {
