@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A torus of network namespaces on this machine, joined by veth pairs.
 #
-#   netns-torus.sh up DIMS [--mtu N] [--prefix P] [--key HEX] [--front] [--kv LINE]... [--routing LINE]...
+#   netns-torus.sh up DIMS [--mtu N] [--prefix P] [--key HEX] [--front] [--kv LINE]... [--routing LINE]... [--dataplane LINE]...
 #                                                                make it (replacing an old one of that prefix)
 #   netns-torus.sh start [--prefix P] [--polling busy|adaptive] start torusctl daemon + torusd in every namespace
 #   netns-torus.sh stop  [--prefix P]                            stop the daemons it started
@@ -20,7 +20,8 @@
 # a veth "front" into every server (server number i, in x-then-y-then-z order, is
 # 10.88.i/250.i%250+1), and the memcached gateways listen on it. --kv adds a line to every
 # node file's [kv] section (e.g. --kv 'rereplicate_after_s = 5'), --routing one to its
-# [routing] section (e.g. --routing 'mode = "source"').
+# [routing] section (e.g. --routing 'mode = "source"'), --dataplane one to its [dataplane]
+# section (e.g. --dataplane 'xdp_transit = false').
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,6 +35,7 @@ polling=adaptive
 front=0
 kvlines=()
 routinglines=()
+dataplanelines=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --mtu) mtu=${2:?--mtu needs a value}; shift 2 ;;
@@ -43,6 +45,7 @@ while [ $# -gt 0 ]; do
     --front) front=1; shift ;;
     --kv) kvlines+=("${2:?--kv needs a line}"); shift 2 ;;
     --routing) routinglines+=("${2:?--routing needs a line}"); shift 2 ;;
+    --dataplane) dataplanelines+=("${2:?--dataplane needs a line}"); shift 2 ;;
     -*) echo "netns-torus.sh: unknown option $1" >&2; exit 2 ;;
     *) if [ -z "$dims" ]; then dims=$1; shift; else echo "netns-torus.sh: unexpected $1" >&2; exit 2; fi ;;
   esac
@@ -179,6 +182,10 @@ up() {
       if [ ${#routinglines[@]} -gt 0 ]; then
         printf '\n[routing]\n'
         for l in "${routinglines[@]}"; do echo "$l"; done
+      fi
+      if [ ${#dataplanelines[@]} -gt 0 ]; then
+        printf '\n[dataplane]\n'
+        for l in "${dataplanelines[@]}"; do echo "$l"; done
       fi
     } > "$f"
     idx=$((idx + 1))

@@ -327,6 +327,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         busy: a.busy,
         aggregate: true,
         transit: true,
+        xdp_transit: true,
     };
     BUSY.store(a.busy, Ordering::Relaxed);
     let tag = format!("ba{}", std::process::id() % 10000);

@@ -8,9 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use torusnet_dataplane::loader::{AttachPreference, XdpAttachment};
+use torusnet_dataplane::loader::{AttachPreference, XdpProgram};
 use torusnet_dataplane::netns::{enter, mac_of};
 use torusnet_dataplane::xsk::{SocketConfig, Umem, XdpDesc, XskSocket, CHUNK};
+use torusnet_proto::topology::Dir;
+use torusnet_proto::wire::offset;
 
 use crate::measure::{thread_cpu, Latency, Throughput};
 
@@ -27,6 +29,10 @@ pub struct Pair {
     pub if_b: String,
     /// Link MTU.
     pub mtu: u32,
+    /// Torus headers (Ethernet included) the two ends write, a to b and b to a, when the
+    /// frames cross forwarding servers between them (raw AF_XDP through the same
+    /// forwarders as torusnet's frames); None: straight over one link.
+    pub headers: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// How long an echo server serves a ping-pong of `count` round trips at most: a minute, and
@@ -215,12 +221,14 @@ pub fn udp_throughput(
 struct RawSide {
     umem: Umem,
     xsk: XskSocket,
-    _xdp: XdpAttachment,
+    _xdp: XdpProgram,
     mac: [u8; 6],
+    /// The torus header its frames start with (frames to cross forwarders), if any.
+    header: Option<Vec<u8>>,
 }
 
 impl RawSide {
-    fn new(ifname: &str, mtu: u32) -> Result<RawSide, String> {
+    fn new(ifname: &str, mtu: u32, header: Option<Vec<u8>>) -> Result<RawSide, String> {
         let mut umem = Umem::new(4096).map_err(|e| e.to_string())?;
         let cfg = SocketConfig {
             need_wakeup: false,
@@ -228,9 +236,12 @@ impl RawSide {
             ..SocketConfig::default()
         };
         let mut xsk = XskSocket::new(&umem, None, ifname, 0, &cfg).map_err(|e| e.to_string())?;
-        let mut xdp = XdpAttachment::attach(ifname, mtu, AttachPreference::Auto)
+        // The server's program, on this one link and with transit off: every torus frame
+        // goes to the socket.
+        let mut xdp = XdpProgram::load(mtu, 1).map_err(|e| e.to_string())?;
+        xdp.attach(ifname, Dir::PlusX, AttachPreference::Auto)
             .map_err(|e| e.to_string())?;
-        xdp.register_socket(0, xsk.raw_fd())
+        xdp.register_socket(Dir::PlusX, xsk.raw_fd())
             .map_err(|e| e.to_string())?;
         let n = xsk.fill.free().min(1024);
         for i in 0..n {
@@ -244,6 +255,7 @@ impl RawSide {
             xsk,
             _xdp: xdp,
             mac,
+            header,
         })
     }
 
@@ -281,11 +293,22 @@ impl RawSide {
             let n = left.min(CHUNK);
             let f = self.umem.slice_mut(a, n);
             if k == 0 {
-                f[0..6].copy_from_slice(&[0xff; 6]);
-                f[6..12].copy_from_slice(&self.mac);
-                f[12] = 0x88;
-                f[13] = 0xB5;
-                f[14..22].copy_from_slice(&stamp.to_le_bytes());
+                match &self.header {
+                    Some(h) if h.len() + 8 <= n => {
+                        f[..h.len()].copy_from_slice(h);
+                        let payload = (len - h.len()) as u16;
+                        f[offset::PAYLOAD_LEN..offset::PAYLOAD_LEN + 2]
+                            .copy_from_slice(&payload.to_be_bytes());
+                        f[h.len()..h.len() + 8].copy_from_slice(&stamp.to_le_bytes());
+                    }
+                    _ => {
+                        f[0..6].copy_from_slice(&[0xff; 6]);
+                        f[6..12].copy_from_slice(&self.mac);
+                        f[12] = 0x88;
+                        f[13] = 0xB5;
+                        f[14..22].copy_from_slice(&stamp.to_le_bytes());
+                    }
+                }
             }
             left -= n;
             let options = if k + 1 < parts { 1 } else { 0 };
@@ -320,7 +343,8 @@ impl RawSide {
     }
 }
 
-/// Raw AF_XDP ping-pong with frames of `frame_len` bytes: the floor for this link.
+/// Raw AF_XDP ping-pong with frames of `frame_len` bytes: the floor for this link (or for
+/// this path through forwarding servers, with the pair's torus headers).
 pub fn afxdp_rtt(p: &Pair, count: u32, frame_len: usize) -> Result<Latency, String> {
     let (na, nb, ia, ib, mtu) = (
         p.ns_a.clone(),
@@ -329,13 +353,17 @@ pub fn afxdp_rtt(p: &Pair, count: u32, frame_len: usize) -> Result<Latency, Stri
         p.if_b.clone(),
         p.mtu,
     );
+    let (ha, hb) = match &p.headers {
+        Some((a, b)) => (Some(a.clone()), Some(b.clone())),
+        None => (None, None),
+    };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let done = Arc::new(AtomicBool::new(false));
     let client_done = DoneOnDrop(done.clone());
     let server = std::thread::spawn(move || -> Result<(), String> {
         enter(&nb).map_err(|e| e.to_string())?;
         pin(1);
-        let mut s = RawSide::new(&ib, mtu)?;
+        let mut s = RawSide::new(&ib, mtu, hb.clone())?;
         let _ = ready_tx.send(());
         let deadline = echo_deadline(count);
         let mut served = 0;
@@ -351,14 +379,18 @@ pub fn afxdp_rtt(p: &Pair, count: u32, frame_len: usize) -> Result<Latency, Stri
         }
         Ok(())
     });
-    ready_rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "raw AF_XDP echo did not start")?;
+    if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
+        let why = match server.join() {
+            Ok(Err(e)) => e,
+            _ => "no answer in 10 s".into(),
+        };
+        return Err(format!("raw AF_XDP echo did not start: {why}"));
+    }
     let client = std::thread::spawn(move || -> Result<Vec<u64>, String> {
         let _done = client_done;
         enter(&na).map_err(|e| e.to_string())?;
         pin(0);
-        let mut c = RawSide::new(&ia, mtu)?;
+        let mut c = RawSide::new(&ia, mtu, ha.clone())?;
         let mut out = Vec::with_capacity(count as usize);
         for i in 0..=count {
             let t = Instant::now();
@@ -402,13 +434,17 @@ pub fn afxdp_throughput(
         p.if_b.clone(),
         p.mtu,
     );
+    let (ha, hb) = match &p.headers {
+        Some((a, b)) => (Some(a.clone()), Some(b.clone())),
+        None => (None, None),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let st = stop.clone();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let receiver = std::thread::spawn(move || -> Result<(u64, u64, Duration, Duration), String> {
         enter(&nb).map_err(|e| e.to_string())?;
         pin(1);
-        let mut s = RawSide::new(&ib, mtu)?;
+        let mut s = RawSide::new(&ib, mtu, hb.clone())?;
         let _ = ready_tx.send(());
         let (mut n, mut bytes) = (0u64, 0u64);
         let mut first = None;
@@ -437,7 +473,7 @@ pub fn afxdp_throughput(
     let sender = std::thread::spawn(move || -> Result<(u64, Duration), String> {
         enter(&na).map_err(|e| e.to_string())?;
         pin(0);
-        let mut c = RawSide::new(&ia, mtu)?;
+        let mut c = RawSide::new(&ia, mtu, ha.clone())?;
         let t0 = Instant::now();
         let cpu0 = thread_cpu();
         let mut sent = 0u64;

@@ -46,6 +46,10 @@ pub struct Common {
     /// in their transit queue (the behaviour before it, for before/after figures).
     #[arg(long)]
     no_transit: bool,
+    /// Forwarding servers' pollers pass frames on, not their XDP programs (the way before
+    /// transit in XDP, for before/after figures).
+    #[arg(long)]
+    no_xdp_transit: bool,
     /// Short (best-effort) messages instead of reliable ones.
     #[arg(long)]
     short: bool,
@@ -80,6 +84,7 @@ impl Common {
             busy: self.polling == "busy",
             aggregate: !self.no_aggregation,
             transit: !self.no_transit,
+            xdp_transit: !self.no_xdp_transit,
         }
     }
 }
@@ -160,10 +165,41 @@ struct PingReport {
     size: u64,
     udp_blocking: Latency,
     udp_busy_poll: Latency,
+    /// Raw AF_XDP over one link.
     raw_afxdp: Latency,
+    /// Raw AF_XDP between the same ends as torusnet, through the same forwarders (runs
+    /// with forwarding hops only); the ratio to raw is to this one when present.
+    raw_afxdp_through_forwarders: Option<Latency>,
     torusnet: Latency,
     torusnet_p50_over_raw: f64,
     torusnet_p50_over_udp_busy: f64,
+}
+
+/// Raw AF_XDP ping-pong between the ends of a line of forwarding servers, through them: the
+/// ends' torusd stopped (raw sockets take their links), the forwarders' running and passing
+/// the raw frames on as they pass torusnet's (in their XDP programs, or their pollers with
+/// XDP transit off). The ends start again afterwards. None without forwarders.
+fn raw_through_forwarders(
+    r: &mut stack::Running,
+    count: u32,
+    frame_len: usize,
+    xdp_transit: bool,
+) -> Result<Option<Latency>, String> {
+    let Some(path) = r.path_pair() else {
+        return Ok(None);
+    };
+    if !xdp_transit {
+        // Forwarders' pollers hold raw frames (no torusd at either end) for milliseconds
+        // (docs/bench.md): the path's floor is measured with XDP forwarders.
+        return Ok(None);
+    }
+    let (tx, rx) = (r.tx, r.rx);
+    r.cluster.stop(tx);
+    r.cluster.stop(rx);
+    let lat = baseline::afxdp_rtt(&path, count, frame_len);
+    r.cluster.restart(tx);
+    r.cluster.restart(rx);
+    lat.map(Some)
 }
 
 fn pingpong(tag: &str, c: &Common, count: u32) -> Result<PingReport, String> {
@@ -175,15 +211,19 @@ fn pingpong(tag: &str, c: &Common, count: u32) -> Result<PingReport, String> {
     let udp_busy_poll = baseline::udp_rtt(&r.pair, count, udp_size, true)?;
     let raw_afxdp = baseline::afxdp_rtt(&r.pair, count, frame_for(size, s.mtu))?;
     stack::start(&mut r, &s);
+    let raw_through = raw_through_forwarders(&mut r, count, frame_for(size, s.mtu), s.xdp_transit)?;
     let torusnet = stack::ping(&r, count, size.min(s.mtu as usize - 70), !c.short)?;
+    // Against raw AF_XDP over the same path: through the forwarders when there are some.
+    let raw = raw_through.as_ref().unwrap_or(&raw_afxdp);
     Ok(PingReport {
         setup: s,
         size: c.size,
-        torusnet_p50_over_raw: torusnet.p50 / raw_afxdp.p50.max(1e-9),
+        torusnet_p50_over_raw: torusnet.p50 / raw.p50.max(1e-9),
         torusnet_p50_over_udp_busy: torusnet.p50 / udp_busy_poll.p50.max(1e-9),
         udp_blocking,
         udp_busy_poll,
         raw_afxdp,
+        raw_afxdp_through_forwarders: raw_through,
         torusnet,
     })
 }
@@ -251,22 +291,31 @@ fn print_ping(p: &PingReport) {
         if p.setup.busy { "busy" } else { "adaptive" }
     );
     println!(
-        "  {:<22} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "  {:<31} {:>8} {:>8} {:>8} {:>8} {:>9}",
         "method", "p50", "p90", "p99", "p99.9", "max"
     );
-    for (n, l) in [
-        ("kernel UDP, blocking", &p.udp_blocking),
-        ("kernel UDP, busy poll", &p.udp_busy_poll),
-        ("raw AF_XDP", &p.raw_afxdp),
-        ("torusnet", &p.torusnet),
-    ] {
+    let mut rows = vec![
+        ("kernel UDP, one link, blocking", &p.udp_blocking),
+        ("kernel UDP, one link, busy poll", &p.udp_busy_poll),
+        ("raw AF_XDP, one link", &p.raw_afxdp),
+    ];
+    if let Some(t) = &p.raw_afxdp_through_forwarders {
+        rows.push(("raw AF_XDP, same path", t));
+    }
+    rows.push(("torusnet", &p.torusnet));
+    for (n, l) in rows {
         println!(
-            "  {:<22} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1}",
+            "  {:<31} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1}",
             n, l.p50, l.p90, l.p99, l.p999, l.max
         );
     }
+    let over = if p.raw_afxdp_through_forwarders.is_some() {
+        "raw AF_XDP through the same forwarders"
+    } else {
+        "raw AF_XDP"
+    };
     println!(
-        "  torusnet p50 = {:.2}x raw AF_XDP, {:.2}x UDP busy poll",
+        "  torusnet p50 = {:.2}x {over}, {:.2}x UDP busy poll over one link",
         p.torusnet_p50_over_raw, p.torusnet_p50_over_udp_busy
     );
 }
@@ -303,8 +352,8 @@ fn print_flow(f: &FlowReport) {
     row("torusnet", &f.torusnet);
     let o = &f.overheads;
     println!(
-        "  torusnet: {:.2}x raw AF_XDP goodput, {:.1} messages/frame, extra frames {:.2}% (retransmitted {:.2}%), out of order {:.2}%; forwarded frames dropped for lack of room {}, held in transit {}, dropped entering AF_XDP rings {} ({} for want of a fill chunk)",
-        f.goodput_over_raw, o.messages_per_frame, o.extra_frames_pct, o.retransmitted_pct, o.out_of_order_pct, o.no_room_drops, o.forward_waited, o.ring_drops, o.fill_empty_drops
+        "  torusnet: {:.2}x raw AF_XDP goodput, {:.1} messages/frame, extra frames {:.2}% (retransmitted {:.2}%), out of order {:.2}%; forwarded frames dropped for lack of room {}, held in transit {}, dropped entering AF_XDP rings {} ({} for want of a fill chunk); forwarded in XDP {}, redirects the next link could not take {}",
+        f.goodput_over_raw, o.messages_per_frame, o.extra_frames_pct, o.retransmitted_pct, o.out_of_order_pct, o.no_room_drops, o.forward_waited, o.ring_drops, o.fill_empty_drops, o.xdp_forwarded, o.redirect_errors
     );
     if let Some(x) = f.messages_per_s_over_udp {
         println!("  torusnet messages/s = {x:.2}x kernel UDP (blocking) datagrams/s");
@@ -360,6 +409,7 @@ fn common(
         polling: if busy { "busy" } else { "adaptive" }.into(),
         no_aggregation: !aggregate,
         no_transit: false,
+        no_xdp_transit: false,
         short,
         json: false,
     }
@@ -400,6 +450,26 @@ fn machine() -> Value {
         "links": "veth pairs between network namespaces (AF_XDP copy mode; XDP native)",
         "perf_counters": perf,
     })
+}
+
+/// The suite's row of 64 KiB messages over `hops` forwarding servers.
+fn hop_row(hops: u8, by_pollers: bool) -> String {
+    let how = if by_pollers {
+        ", forwarded by pollers"
+    } else {
+        ""
+    };
+    format!("{hops} forwarding hop(s), 64 KiB, MTU 9000, adaptive{how}")
+}
+
+/// The suite's row of round trips over 2 forwarding servers.
+fn rtt_hops_row(by_pollers: bool) -> String {
+    let how = if by_pollers {
+        ", forwarded by pollers"
+    } else {
+        ""
+    };
+    format!("RTT over 2 forwarding hops, adaptive{how}")
 }
 
 /// One measurement of the suite: given a namespace tag, its JSON result.
@@ -492,26 +562,28 @@ fn suite_steps(quick: bool) -> Vec<(String, Step)> {
             .map(|p| json!(p))
         }),
     ));
-    for hops in [0u8, 1, 2] {
+    // Frames passing through forwarded by the XDP programs (the default), then by the
+    // forwarders' pollers, as before transit in XDP.
+    for (hops, by_pollers) in [(0u8, false), (1, false), (2, false), (1, true), (2, true)] {
         steps.push((
-            format!("{hops} forwarding hop(s), 64 KiB, MTU 9000, adaptive"),
+            hop_row(hops, by_pollers),
             Box::new(move |t| {
-                flow(
-                    t,
-                    &common(65536, 9000, 1, hops, false, true, false),
-                    secs,
-                    false,
-                )
-                .map(|p| json!(p))
+                let mut c = common(65536, 9000, 1, hops, false, true, false);
+                c.no_xdp_transit = by_pollers;
+                flow(t, &c, secs, false).map(|p| json!(p))
             }),
         ));
     }
-    steps.push((
-        "RTT over 2 forwarding hops, adaptive".into(),
-        Box::new(move |t| {
-            pingpong(t, &common(64, 1500, 1, 2, false, true, true), count / 4).map(|p| json!(p))
-        }),
-    ));
+    for by_pollers in [false, true] {
+        steps.push((
+            rtt_hops_row(by_pollers),
+            Box::new(move |t| {
+                let mut c = common(64, 1500, 1, 2, false, true, true);
+                c.no_xdp_transit = by_pollers;
+                pingpong(t, &c, count / 4).map(|p| json!(p))
+            }),
+        ));
+    }
     steps.push((
         "two-way, 64 KiB, MTU 9000".into(),
         Box::new(move |t| {
@@ -610,6 +682,11 @@ fn headline_key(name: &str) -> Option<&'static [&'static str]> {
         "RTT, 64 B short messages" | "RTT, 64 B reliable messages" => {
             Some(&["torusnet_p50_over_raw"])
         }
+        // Forwarding: against its own raw AF_XDP through the same forwarders, and (by the
+        // pollers, measured without one) its own round trip.
+        n if n == rtt_hops_row(false) => Some(&["torusnet_p50_over_raw"]),
+        n if n == rtt_hops_row(true) => Some(&["torusnet", "p50"]),
+        n if n.contains("forwarding hop(s)") => Some(&["torusnet", "goodput_gbps"]),
         _ => None,
     }
 }
@@ -771,31 +848,70 @@ fn add_headlines(s: &mut String, r: &Value) {
         f(l2, &["torusnet", "goodput_gbps"]),
         f(l1, &["raw_afxdp", "goodput_gbps"]),
     ));
-    let h: Vec<String> = (0..3)
-        .map(|h| {
-            format!(
-                "{:.2}",
-                f(
-                    &r[&format!("{h} forwarding hop(s), 64 KiB, MTU 9000, adaptive")],
-                    &["torusnet", "goodput_gbps"]
+    add_hop_headlines(s, r);
+}
+
+/// The forwarding headlines: goodput over 0, 1 and 2 forwarding servers (and each as a
+/// ratio to none), and the round trip over two against raw AF_XDP through the same
+/// forwarders; frames passed on by the XDP programs and by the pollers.
+fn add_hop_headlines(s: &mut String, r: &Value) {
+    let gbps = |n: &str| f(&r[n], &["torusnet", "goodput_gbps"]);
+    let zero = gbps(&hop_row(0, false));
+    for by_pollers in [false, true] {
+        let names: Vec<String> = std::iter::once(hop_row(0, false))
+            .chain((1..3).map(|h| hop_row(h, by_pollers)))
+            .collect();
+        let rows: Vec<(&str, &Value)> =
+            names.iter().map(|n| (n.as_str(), &r[n.as_str()])).collect();
+        let how = if by_pollers {
+            "forwarded by the pollers"
+        } else {
+            "forwarded in XDP"
+        };
+        let extra: Vec<String> = names
+            .iter()
+            .skip(1)
+            .map(|n| {
+                let o = &r[n.as_str()]["overheads"];
+                format!(
+                    "{:.2}% extra frames, {} redirects dropped",
+                    f(o, &["extra_frames_pct"]),
+                    f(o, &["redirect_errors"])
                 )
-            )
-        })
-        .collect();
-    let hop_names: Vec<String> = (0..3)
-        .map(|h| format!("{h} forwarding hop(s), 64 KiB, MTU 9000, adaptive"))
-        .collect();
-    let hop_rows: Vec<(&str, &Value)> = hop_names
-        .iter()
-        .map(|n| (n.as_str(), &r[n.as_str()]))
-        .collect();
+            })
+            .collect();
+        *s += &headline(
+            &format!("0 vs 1 vs 2 forwarding hops, {how}"),
+            &rows,
+            format!(
+                "- 0 vs 1 vs 2 forwarding hops, {how} (64 KiB reliable, MTU 9000, adaptive polling): **{:.2} vs {:.2} vs {:.2} Gb/s = 1 vs {:.2}x vs {:.2}x**{}; {} and {}.\n",
+                zero,
+                gbps(&names[1]),
+                gbps(&names[2]),
+                gbps(&names[1]) / zero.max(1e-9),
+                gbps(&names[2]) / zero.max(1e-9),
+                spread(&r[names[2].as_str()], 2),
+                extra[0],
+                extra[1],
+            ),
+        );
+    }
+    let (x, p) = (rtt_hops_row(false), rtt_hops_row(true));
+    let (rx, rp) = (&r[x.as_str()], &r[p.as_str()]);
+    let floor = f(rx, &["raw_afxdp_through_forwarders", "p50"]);
     *s += &headline(
-        "0 vs 1 vs 2 forwarding hops",
-        &hop_rows,
+        "RTT over 2 forwarding hops",
+        &[(x.as_str(), rx), (p.as_str(), rp)],
         format!(
-        "- 0 vs 1 vs 2 forwarding hops (64 KiB reliable, MTU 9000, adaptive polling): {} Gb/s.\n",
-        h.join(" vs ")
-    ),
+            "- RTT over 2 forwarding hops (64 B short messages, adaptive): forwarded in XDP **p50 {:.1} us = {:.2}x raw AF_XDP through the same forwarders ({:.1} us)**{}; forwarded by the pollers p50 {:.1} us = {:.2}x; raw AF_XDP over one link {:.1} us.\n",
+            f(rx, &["torusnet", "p50"]),
+            f(rx, &["torusnet_p50_over_raw"]),
+            floor,
+            spread(rx, 2),
+            f(rp, &["torusnet", "p50"]),
+            f(rp, &["torusnet", "p50"]) / floor.max(1e-9),
+            f(rx, &["raw_afxdp", "p50"]),
+        ),
     );
 }
 
@@ -825,7 +941,16 @@ fn add_tables(s: &mut String, r: &Value) {
         if v.get("torusnet").is_none() || v["torusnet"].get("p50").is_none() {
             continue;
         }
-        for m in ["udp_blocking", "udp_busy_poll", "raw_afxdp", "torusnet"] {
+        for m in [
+            "udp_blocking",
+            "udp_busy_poll",
+            "raw_afxdp",
+            "raw_afxdp_through_forwarders",
+            "torusnet",
+        ] {
+            if v[m].is_null() {
+                continue;
+            }
             *s += &format!(
                 "| {name} | {m} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
                 f(v, &[m, "p50"]),

@@ -319,6 +319,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         busy: a.busy,
         aggregate: true,
         transit: true,
+        xdp_transit: true,
     };
     let tag = format!("br{}", std::process::id() % 10000);
     let mut r = stack::build(&tag, &s, None)?;

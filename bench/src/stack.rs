@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use torusnet_dataplane::cluster::{self, Cluster};
 use torusnet_proto::topology::{Coord, Dims, Dir};
+use torusnet_proto::wire::{self, Dest, Header, Kind, HEADERS_LEN};
 
 use crate::baseline::Pair;
 use crate::measure::{process_cpu, Latency, Throughput};
@@ -30,6 +31,9 @@ pub struct Setup {
     /// Forwarding servers hold frames that find no room (the transit queue); off, they
     /// drop them, as before the queue existed.
     pub transit: bool,
+    /// Frames passing through are forwarded by the XDP program (`[dataplane]
+    /// xdp_transit`); off, by the forwarding servers' pollers.
+    pub xdp_transit: bool,
 }
 
 /// A running setup: the cluster, which server sends and which receives.
@@ -80,6 +84,7 @@ fn build_on_ports(tag: &str, s: &Setup, r: &RealPorts) -> Result<Running, String
         if_a: r.a.clone(),
         if_b: r.b.clone(),
         mtu: s.mtu,
+        headers: None,
     };
     Ok(Running {
         cluster: c,
@@ -126,6 +131,7 @@ fn build_cube(tag: &str, s: &Setup) -> Result<Running, String> {
         if_a: "t0px".into(),
         if_b: "t1mx".into(),
         mtu: s.mtu,
+        headers: None,
     };
     Ok(Running {
         cluster: c,
@@ -135,6 +141,44 @@ fn build_cube(tag: &str, s: &Setup) -> Result<Running, String> {
         pair,
         down,
     })
+}
+
+impl Running {
+    /// The two ends of a line of forwarding servers as a pair for raw AF_XDP: the sender's
+    /// first link and the receiver's last, frames carrying torus headers from one end to the
+    /// other, which the forwarders pass on as they pass torusnet's (None: no forwarder).
+    pub fn path_pair(&self) -> Option<Pair> {
+        let n = self.cluster.servers.len();
+        if n < 3 || self.rx != n - 1 || self.cluster.dims.y() != 1 || self.cluster.dims.z() != 1 {
+            return None;
+        }
+        let ns = |i: usize| self.cluster.servers[i].ns.name().to_string();
+        let (if_a, if_b) = ("t0px".to_string(), format!("t{}mx", n - 1));
+        let header = |from: usize, to: usize, out: &str, peer: usize, peer_if: &str| {
+            let src = self.cluster.servers[from].coord;
+            let dst = self.cluster.servers[to].coord;
+            let mut h = Header::new(Kind::Data, src, Dest::Server(dst));
+            h.ttl = wire::DEFAULT_TTL;
+            let mut buf = vec![0u8; HEADERS_LEN];
+            h.emit(&mut buf).ok()?;
+            let (me, them) = (
+                cluster::in_ns(&ns(from), out),
+                cluster::in_ns(&ns(peer), peer_if),
+            );
+            wire::emit_eth(&mut buf, them, me).ok()?;
+            Some(buf)
+        };
+        let a = header(0, n - 1, &if_a, 1, "t1mx")?;
+        let b = header(n - 1, 0, &if_b, n - 2, &format!("t{}px", n - 2))?;
+        Some(Pair {
+            ns_a: ns(0),
+            ns_b: ns(n - 1),
+            if_a,
+            if_b,
+            mtu: self.pair.mtu,
+            headers: Some((a, b)),
+        })
+    }
 }
 
 /// Builds the namespaces and links of `s` (torusd not started yet).
@@ -188,6 +232,7 @@ pub fn build(tag: &str, s: &Setup, real: Option<&RealPorts>) -> Result<Running, 
         if_a: "t0px".into(),
         if_b: "t1mx".into(),
         mtu: s.mtu,
+        headers: None,
     };
     Ok(Running {
         cluster,
@@ -221,6 +266,7 @@ pub fn start(r: &mut Running, s: &Setup) {
         if !s.transit {
             t += "transit_chunks = 0\n";
         }
+        t += &format!("[dataplane]\nxdp_transit = {}\n", s.xdp_transit);
         if !s.aggregate {
             t += "[transport]\naggregate = false\n";
         }
@@ -274,6 +320,48 @@ pub struct Overheads {
     pub ring_drops: u64,
     /// Of those, for want of a fill-ring chunk (the server's UMEM was held elsewhere).
     pub fill_empty_drops: u64,
+    /// Frames the XDP programs of the servers forwarded by themselves.
+    pub xdp_forwarded: u64,
+    /// Frames an XDP program redirected to a link that could not take them (dropped; the
+    /// transport repairs them).
+    pub redirect_errors: u64,
+}
+
+/// What happened to frames on their way, over every link of every server: counters read
+/// before and after a run.
+#[derive(Debug, Clone, Copy)]
+struct Ways {
+    no_room: u64,
+    waited: u64,
+    rings: u64,
+    fill_empty: u64,
+    xdp: u64,
+    redirect_errors: u64,
+}
+
+impl Ways {
+    fn read(r: &Running) -> Ways {
+        Ways {
+            no_room: link_total(r, "drop_no_room"),
+            waited: link_total(r, "forward_waited"),
+            rings: link_sum(r, &RING_DROPS),
+            fill_empty: link_sum(r, &[RING_DROPS[2]]),
+            xdp: link_sum(r, &[&["xdp", "transit_out"]]),
+            redirect_errors: link_sum(r, &[&["redirect_errors"]]),
+        }
+    }
+
+    /// The counts since `before`.
+    fn since(&self, before: &Ways) -> Ways {
+        Ways {
+            no_room: self.no_room.saturating_sub(before.no_room),
+            waited: self.waited.saturating_sub(before.waited),
+            rings: self.rings.saturating_sub(before.rings),
+            fill_empty: self.fill_empty.saturating_sub(before.fill_empty),
+            xdp: self.xdp.saturating_sub(before.xdp),
+            redirect_errors: self.redirect_errors.saturating_sub(before.redirect_errors),
+        }
+    }
 }
 
 /// The sum of a link counter over every link of every server.
@@ -334,12 +422,7 @@ pub fn transfer(
     // What came before is in the daemons' published counters.
     std::thread::sleep(SNAPSHOT_SETTLE);
     let (a0, b0) = (counters(r, tx)?, counters(r, rx)?);
-    let (drops0, waited0) = (
-        link_total(r, "drop_no_room"),
-        link_total(r, "forward_waited"),
-    );
-    let rings0 = link_sum(r, &RING_DROPS);
-    let fill0 = link_sum(r, &[RING_DROPS[2]]);
+    let ways0 = Ways::read(r);
     let pids = (
         r.cluster.pid(tx).unwrap_or(0),
         r.cluster.pid(rx).unwrap_or(0),
@@ -368,12 +451,7 @@ pub fn transfer(
     // messages per 9000-byte frame).
     std::thread::sleep(SNAPSHOT_SETTLE);
     let (a1, b1) = (counters(r, tx)?, counters(r, rx)?);
-    let (drops1, waited1) = (
-        link_total(r, "drop_no_room"),
-        link_total(r, "forward_waited"),
-    );
-    let rings1 = link_sum(r, &RING_DROPS);
-    let fill1 = link_sum(r, &[RING_DROPS[2]]);
+    let ways = Ways::read(r).since(&ways0);
     let check = |v: &Value| -> Result<(), String> {
         let rx = &v["receiver"];
         if reliable && rx["delivered"] != v["messages"] {
@@ -435,10 +513,12 @@ pub fn transfer(
         retransmitted_pct: 100.0 * retx / data.max(1.0),
         out_of_order_pct: 100.0 * ooo / rx_frames.max(1.0),
         messages_per_frame: msgs / data.max(1.0),
-        no_room_drops: drops1.saturating_sub(drops0),
-        forward_waited: waited1.saturating_sub(waited0),
-        ring_drops: rings1.saturating_sub(rings0),
-        fill_empty_drops: fill1.saturating_sub(fill0),
+        no_room_drops: ways.no_room,
+        forward_waited: ways.waited,
+        ring_drops: ways.rings,
+        fill_empty_drops: ways.fill_empty,
+        xdp_forwarded: ways.xdp,
+        redirect_errors: ways.redirect_errors,
     };
     Ok((t, o))
 }

@@ -142,6 +142,40 @@ fn render_links(out: &mut String, v: &Value) {
             if down.contains(&dir) { "down" } else { "up" },
         );
     }
+    render_xdp_transit(out, v);
+}
+
+/// The status's table of frames the XDP program forwarded by itself, per link, and why the
+/// others went up to the poller.
+fn render_xdp_transit(out: &mut String, v: &Value) {
+    let on = match v["xdp_transit"].as_bool() {
+        Some(true) => "on",
+        Some(false) => "off",
+        None => return,
+    };
+    *out += &format!(
+        "xdp transit ({on}): link  forwarded in  out  redirect errors  went up: local key intercept probe no_route link_down check headers
+"
+    );
+    for l in v["links"].as_array().into_iter().flatten() {
+        let x = &l["xdp"];
+        let up = |k: &str| u(x, &["up", k]);
+        *out += &format!(
+            "                  {:<5} {:>12} {:>5} {:>16}  {} {} {} {} {} {} {} {}\n",
+            l["dir"].as_str().unwrap_or("?"),
+            u(x, &["transit_in"]),
+            u(x, &["transit_out"]),
+            u(l, &["redirect_errors"]),
+            up("local"),
+            up("key"),
+            up("intercept"),
+            up("probe"),
+            up("no_route"),
+            up("link_down"),
+            up("check"),
+            up("headers"),
+        );
+    }
 }
 
 /// The status's transport and connection lines.

@@ -287,7 +287,8 @@ fn short(d: Dir) -> &'static str {
     ["px", "mx", "py", "my", "pz", "mz"][usize::from(d.index())]
 }
 
-fn in_ns(ns: &str, ifname: &str) -> [u8; 6] {
+/// The MAC of interface `ifname` in namespace `ns`.
+pub fn in_ns(ns: &str, ifname: &str) -> [u8; 6] {
     let (ns, ifname) = (ns.to_string(), ifname.to_string());
     std::thread::spawn(move || {
         enter(&ns).expect("enter netns");

@@ -14,6 +14,9 @@
 //! dir = "+x"
 //! neighbor_mac = "02:00:00:00:01:00"
 //!
+//! [dataplane]
+//! xdp_transit = true       # frames passing through forwarded by the XDP program
+//!
 //! [view]                   # static view (the control process replaces it)
 //! down_links = ["1,0,0:+y"]
 //! down_servers = []
@@ -90,6 +93,14 @@ struct RawTransport {
     broken_after_ms: Option<u64>,
 }
 
+/// `[dataplane]`: how frames move through this server.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDataplane {
+    /// Frames passing through are forwarded by the XDP program itself (default on).
+    xdp_transit: Option<bool>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Raw {
@@ -135,6 +146,8 @@ struct Raw {
     ip: RawIp,
     #[serde(default)]
     routing: RawRouting,
+    #[serde(default)]
+    dataplane: RawDataplane,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -357,6 +370,9 @@ pub struct NodeConfig {
     pub routing: RoutingSettings,
     /// UMEM chunks the transit queue may hold per poller (`None`: an eighth of its UMEM).
     pub transit_chunks: Option<u32>,
+    /// Frames passing through are forwarded by the XDP program itself, not by a poller
+    /// (`[dataplane] xdp_transit`, default on).
+    pub xdp_transit: bool,
 }
 
 impl NodeConfig {
@@ -467,6 +483,7 @@ impl NodeConfig {
             kv: kv_settings(raw.kv)?,
             ip: ip_settings(raw.ip, dims)?,
             routing: routing_settings(raw.routing)?,
+            xdp_transit: raw.dataplane.xdp_transit.unwrap_or(true),
             transit_chunks: match raw.transit_chunks {
                 Some(c) if c > raw.umem_chunks / 2 => {
                     return Err(bad(format!(

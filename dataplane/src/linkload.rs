@@ -36,18 +36,25 @@ impl LinkLoads {
         now >= self.next
     }
 
-    /// Samples port `i` (its counters and TX queue depth); returns its averaged load, which
-    /// is also published in its counters.
+    /// Samples port `i` (its counters, the bytes the XDP program forwarded out of and in
+    /// from it, and its TX queue depth); returns its averaged load, which is also published
+    /// in its counters.
     pub fn sample(
         &mut self,
         now: Time,
         i: usize,
         c: &LinkCounters,
+        xdp: (u64, u64),
         queue: u32,
     ) -> Option<(Dir, LinkLoad)> {
         let (dir, m) = self.meters.get_mut(i)?;
         let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        m.sample(now, g(&c.tx_bytes), g(&c.rx_bytes), u64::from(queue));
+        m.sample(
+            now,
+            g(&c.tx_bytes) + xdp.0,
+            g(&c.rx_bytes) + xdp.1,
+            u64::from(queue),
+        );
         let l = m.load();
         c.load_tx_permille.store(l.tx_permille(), Ordering::Relaxed);
         c.load_rx_permille.store(l.rx_permille(), Ordering::Relaxed);

@@ -866,6 +866,9 @@ fn apply_view(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     }
     let (tx, rx) = mpsc::channel();
     let pollers = with_dp(d, |dp| {
+        // The XDP program follows the view first: both executors of the one routing
+        // decision change within this request.
+        dp.shared().with_xdp(|x| x.adopt_view(&view, &macs));
         push(dp, Command::SetView(Box::new(view), macs, Some(tx)))?;
         Ok(dp.status().engine.pollers.max(1))
     })?;

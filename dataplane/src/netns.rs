@@ -94,7 +94,7 @@ pub fn veth_pair(na: &Netns, a: &str, nb: &Netns, b: &str, mtu: u32) -> io::Resu
 }
 
 /// A datagram socket and an `ifreq` naming `ifname`, for interface ioctls.
-fn ifreq_for(ifname: &str) -> io::Result<(std::os::fd::OwnedFd, libc::ifreq)> {
+pub(crate) fn ifreq_for(ifname: &str) -> io::Result<(std::os::fd::OwnedFd, libc::ifreq)> {
     if ifname.len() >= libc::IFNAMSIZ {
         return Err(io::Error::other(format!(
             "interface name {ifname:?} is too long"
@@ -135,6 +135,20 @@ pub fn mac_of(ifname: &str) -> io::Result<[u8; 6]> {
         *d = *s as u8;
     }
     Ok(m)
+}
+
+/// The index of interface `ifname` in the calling thread's network namespace.
+pub fn ifindex(ifname: &str) -> io::Result<u32> {
+    let name = std::ffi::CString::new(ifname)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name holds a NUL"))?;
+    // SAFETY: name is a valid NUL-terminated string for the call.
+    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+        0 => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{ifname}: no such interface in this network namespace"),
+        )),
+        i => Ok(i),
+    }
 }
 
 /// Parses `aa:bb:cc:dd:ee:ff`.

@@ -1,10 +1,9 @@
-//! One link as its poller sees it: the AF_XDP socket bound to the link's queue, the XDP
-//! program attached to its interface, the MAC addresses frames on it carry, and the
-//! buffers of a multi-buffer frame being received.
+//! One link as its poller sees it: the AF_XDP socket bound to the link's queue, the MAC
+//! addresses frames on it carry, and the buffers of a multi-buffer frame being received.
+//! (The XDP program attached to its interface is the server's, in `xdp_transit`.)
 
 use torusnet_proto::topology::Dir;
 
-use crate::loader::XdpAttachment;
 use crate::xsk::{XdpDesc, XskSocket};
 
 /// One link of a poller.
@@ -14,7 +13,6 @@ pub struct Port {
     pub(crate) local_mac: [u8; 6],
     pub(crate) neighbor_mac: Option<[u8; 6]>,
     pub(crate) xsk: XskSocket,
-    pub(crate) xdp: XdpAttachment,
     /// Descriptors put on the TX ring since the last kick.
     pub(crate) unkicked: u32,
     /// Buffers of the multi-buffer frame being received on this link (a frame may straddle
@@ -23,20 +21,18 @@ pub struct Port {
 }
 
 impl Port {
-    /// A port over a bound socket and its attached program.
+    /// A port over a bound socket.
     pub fn new(
         dir: Dir,
         local_mac: [u8; 6],
         neighbor_mac: Option<[u8; 6]>,
         xsk: XskSocket,
-        xdp: XdpAttachment,
     ) -> Port {
         Port {
             dir,
             local_mac,
             neighbor_mac,
             xsk,
-            xdp,
             unkicked: 0,
             parts: Vec::new(),
         }

@@ -306,6 +306,9 @@ pub struct LinkStatus {
     pub counters: LinkCountersSnapshot,
     /// XDP program counters.
     pub xdp: XdpCounters,
+    /// Frames the XDP program redirected to this link that the driver could not take
+    /// (its ring full): dropped, repaired by the transport.
+    pub redirect_errors: u64,
     /// The kernel's AF_XDP socket drop counters.
     pub xsk: XskStats,
 }
@@ -329,6 +332,8 @@ pub struct Status {
     pub uptime_s: f64,
     /// Links.
     pub links: Vec<LinkStatus>,
+    /// Frames passing through are forwarded by the XDP program (`[dataplane] xdp_transit`).
+    pub xdp_transit: bool,
     /// Engine counters.
     pub engine: EngineSnapshot,
     /// Applications attached from their own processes.

@@ -78,6 +78,11 @@ pub(crate) struct Links {
 }
 
 impl Links {
+    /// What every thread of this torusd shares.
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
     /// Poller `shard`'s links over these ports (with their global link indices), all
     /// sharing `umem`, whose transmit slots it reserves.
     pub(crate) fn new(
@@ -332,16 +337,19 @@ impl Links {
         }
     }
 
-    /// Sets the faults of our link `dir` (whether it is ours): the drop in its XDP program,
-    /// duplication and reordering here.
+    /// Sets the faults of our link `dir` (whether it is ours): the drop in the XDP program,
+    /// duplication and reordering here (so frames passing through to that link stop
+    /// taking the XDP program's way out, which would skip them).
     pub(crate) fn set_fault(&mut self, dir: Dir, f: &Fault) -> Result<bool, String> {
         let Some(o) = self.port_of(dir) else {
             return Ok(false);
         };
-        self.ports[o]
-            .xdp
-            .set_fault_drop(f.drop)
-            .map_err(|e| e.to_string())?;
+        if let Some(x) = &self.shared.xdp {
+            let mut x = x.lock();
+            x.set_fault_drop(dir, f.drop).map_err(|e| e.to_string())?;
+            x.set_faulty(dir, f.duplicate > 0.0 || f.reorder > 0.0)
+                .map_err(|e| e.to_string())?;
+        }
         self.faults[o].set(f);
         self.release_held(o);
         Ok(true)

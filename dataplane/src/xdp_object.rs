@@ -44,7 +44,9 @@ impl Variant {
 /// Name of the program function in both objects.
 pub const PROGRAM: &str = "torus_xdp";
 /// Names of the maps both objects define.
-pub const MAPS: [&str; 3] = ["xsks", "counters", "fault"];
+pub const MAPS: [&str; 8] = [
+    "xsks", "egress", "ports", "links", "transit", "routes", "counters", "fault",
+];
 
 static PLAIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/torus_xdp.o"));
 static FRAGS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/torus_xdp_frags.o"));

@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use torusnet_dataplane::loader::{AttachPreference, XdpAttachment};
+use torusnet_dataplane::loader::{AttachPreference, XdpProgram};
 use torusnet_dataplane::netns::{veth_pair, Netns};
 use torusnet_dataplane::xsk::{SocketConfig, Umem, XdpDesc, XskSocket, CHUNK};
+use torusnet_proto::topology::Dir;
 
 const CONTD: u32 = 1;
 
@@ -35,8 +36,10 @@ fn run(mtu: u32) {
     let mut a = XskSocket::new(&umem, Some(&b), "va", 0, &cfg).expect("shared socket on va");
     assert!(a.info().shared_umem);
     assert!(!b.info().zero_copy, "veth is copy mode only");
-    let mut xdp = XdpAttachment::attach("vb", mtu, AttachPreference::Auto).expect("attach");
-    xdp.register_socket(0, b.raw_fd()).expect("xskmap");
+    let mut xdp = XdpProgram::load(mtu, 1).expect("load");
+    xdp.attach("vb", Dir::PlusX, AttachPreference::Auto)
+        .expect("attach");
+    xdp.register_socket(Dir::PlusX, b.raw_fd()).expect("xskmap");
 
     let n = b.fill.free().min(1024);
     for i in 0..n {
@@ -103,7 +106,7 @@ fn run(mtu: u32) {
     for (i, f) in got.iter().enumerate() {
         assert_eq!(f, &frame(i as u32, len), "frame {i} differs at MTU {mtu}");
     }
-    let c = xdp.counters();
+    let c = xdp.counters(Some(Dir::PlusX));
     assert_eq!(c.redirected, u64::from(count));
     drop(xdp);
     drop(a);

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use torusnet_proto::node::{Event, EventRef, Node};
+use torusnet_proto::routing::transit;
 use torusnet_proto::service::Service;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::DirSet;
@@ -68,6 +69,8 @@ pub struct Poller {
     /// (`Node::handle_rx_lending`): deliveries, for the turn's answer to go at once.
     lent: usize,
     carrier_down: DirSet,
+    /// The XDP program moved frames over this poller's links at the last load sample.
+    transit_busy: bool,
 }
 
 impl Poller {
@@ -100,6 +103,7 @@ impl Poller {
             scratch: vec![0u8; mtu + 14],
             lent: 0,
             carrier_down: DirSet::EMPTY,
+            transit_busy: false,
         }
         .with_link_capacity(10_000_000_000)
     }
@@ -234,6 +238,10 @@ impl Poller {
             // Frames in transit wait for TX room, which no descriptor we poll announces.
             timer = timer.min(Duration::from_micros(50));
         }
+        if self.transit_busy {
+            // Frames passing through in XDP wake nobody: sample the links' load on time.
+            timer = timer.min(crate::linkload::PERIOD);
+        }
         let ts = libc::timespec {
             tv_sec: timer.as_secs() as libc::time_t,
             tv_nsec: libc::c_long::from(timer.subsec_nanos() as i32),
@@ -287,12 +295,33 @@ impl Poller {
         if !self.loads.due(now) {
             return;
         }
+        let mut xdp = self.shared.xdp.as_ref().map(|x| x.lock());
+        let mut busy = false;
         for i in 0..self.links.ports.len() {
             let queue = self.links.ports[i].xsk.tx.outstanding();
-            if let Some((dir, load)) = self.loads.sample(now, i, self.links.counters(i), queue) {
-                self.node.set_link_load(dir, load);
+            let dir = self.links.ports[i].dir;
+            let moved = xdp.as_ref().map_or((0, 0), |x| {
+                let c = x.counters(dir);
+                (c.transit_out_bytes, c.transit_in_bytes)
+            });
+            let Some((dir, load)) = self
+                .loads
+                .sample(now, i, self.links.counters(i), moved, queue)
+            else {
+                continue;
+            };
+            busy |= moved != (0, 0) && (load.tx_bps > 0 || load.rx_bps > 0);
+            self.node.set_link_load(dir, load);
+            if let Some(x) = xdp.as_mut() {
+                let was = x.maps().congested.contains(dir);
+                if let Err(e) = x.set_congested(dir, transit::congested(&load, was)) {
+                    tracing::warn!("XDP program: {e}");
+                }
             }
         }
+        // While frames pass through in XDP, the meters (and the links they mark loaded)
+        // follow them even when this poller has nothing else to do.
+        self.transit_busy = busy;
         self.loads.sampled(now);
     }
 

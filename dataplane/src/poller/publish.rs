@@ -77,7 +77,13 @@ impl Publisher {
             key_delivered: ns.key_delivered,
             intercepted: ns.intercepted,
             key_no_root: ns.key_no_root,
-            xdp: ports().map(|(p, i)| (*i, p.xdp.counters())).collect(),
+            xdp: match &links.shared().xdp {
+                Some(x) => {
+                    let x = x.lock();
+                    ports().map(|(p, i)| (*i, x.counters(p.dir))).collect()
+                }
+                None => Vec::new(),
+            },
             xsk: ports()
                 .map(|(p, i)| {
                     let st = p.xsk.statistics().unwrap_or_default();

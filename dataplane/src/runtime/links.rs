@@ -1,11 +1,12 @@
-//! The first step of a start: every configured link opened (its XDP program attached, its
-//! AF_XDP socket bound in its poller's UMEM), links dealt to pollers.
+//! The first step of a start: the server's XDP program loaded, every configured link opened
+//! (the program attached to it, its AF_XDP socket bound in its poller's UMEM), links dealt
+//! to pollers.
 
 use std::sync::atomic::AtomicU64;
 
 use crate::config::{NodeConfig, Polling};
 use crate::counters::LinkCounters;
-use crate::loader::{AttachPreference, XdpAttachment};
+use crate::loader::{AttachPreference, XdpProgram};
 use crate::netns::mac_of;
 use crate::port::Port;
 use crate::shared::{mac_to_u64, LinkInfo};
@@ -21,6 +22,8 @@ pub(super) struct OpenLinks {
     pub(super) infos: Vec<LinkInfo>,
     /// Which poller owns the link in each direction.
     pub(super) link_shard: [Option<usize>; 6],
+    /// The XDP program, attached to every link (taken into the shared state).
+    pub(super) xdp: Option<XdpProgram>,
 }
 
 /// The poller that serves the configuration's `link`-th link: links go to pollers round
@@ -48,16 +51,19 @@ pub(super) fn open(cfg: &NodeConfig, nshards: usize) -> Result<OpenLinks, StartE
     let mut ports: Vec<Vec<(usize, Port)>> = (0..nshards).map(|_| Vec::new()).collect();
     let mut infos = Vec::new();
     let mut link_shard = [None; 6];
+    let mut xdp =
+        XdpProgram::load(cfg.mtu, cfg.dims.count()).map_err(|e| StartError::Link(e.to_string()))?;
     for (idx, l) in cfg.links.iter().enumerate() {
         let shard = poller_of(idx, nshards);
         link_shard[usize::from(l.dir.index())] = Some(shard);
         let local_mac = mac_of(&l.ifname).map_err(|e| StartError::Link(e.to_string()))?;
-        let mut xdp = XdpAttachment::attach(&l.ifname, cfg.mtu, AttachPreference::Auto)
+        let mode = xdp
+            .attach(&l.ifname, l.dir, AttachPreference::Auto)
             .map_err(|e| StartError::Link(e.to_string()))?;
         let share = ports[shard].first().map(|p| &p.1.xsk);
         let xsk = XskSocket::new(&umems[shard], share, &l.ifname, 0, &sock_cfg)
             .map_err(|e| StartError::Link(format!("{}: {e}", l.ifname)))?;
-        xdp.register_socket(0, xsk.raw_fd())
+        xdp.register_socket(l.dir, xsk.raw_fd())
             .map_err(|e| StartError::Link(e.to_string()))?;
         let info = xsk.info();
         infos.push(LinkInfo {
@@ -65,7 +71,7 @@ pub(super) fn open(cfg: &NodeConfig, nshards: usize) -> Result<OpenLinks, StartE
             ifname: l.ifname.clone(),
             local_mac,
             neighbor_mac: AtomicU64::new(mac_to_u64(l.neighbor_mac)),
-            xdp_mode: xdp.mode().name(),
+            xdp_mode: mode.name(),
             xdp_section: xdp.variant().section(),
             zero_copy: info.zero_copy,
             multi_buffer: info.multi_buffer,
@@ -74,8 +80,9 @@ pub(super) fn open(cfg: &NodeConfig, nshards: usize) -> Result<OpenLinks, StartE
             tx_budget: info.tx_budget,
             poller: shard,
             counters: LinkCounters::default(),
+            redirect_errors: crate::nic_stats::RedirectErrors::new(&l.ifname).ok(),
         });
-        let port = Port::new(l.dir, local_mac, l.neighbor_mac, xsk, xdp);
+        let port = Port::new(l.dir, local_mac, l.neighbor_mac, xsk);
         ports[shard].push((idx, port));
     }
     Ok(OpenLinks {
@@ -83,6 +90,7 @@ pub(super) fn open(cfg: &NodeConfig, nshards: usize) -> Result<OpenLinks, StartE
         ports,
         infos,
         link_shard,
+        xdp: Some(xdp),
     })
 }
 

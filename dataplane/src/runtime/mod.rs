@@ -61,7 +61,11 @@ impl Dataplane {
         let nshards = links::pollers(cfg);
         let mut open = links::open(cfg, nshards)?;
         let infos = std::mem::take(&mut open.infos);
-        let shared = start::shared(cfg, coord, infos, open.link_shard, nshards)?;
+        let xdp = open
+            .xdp
+            .take()
+            .ok_or_else(|| StartError::Link("the XDP program was not loaded".into()))?;
+        let shared = start::shared(cfg, coord, infos, open.link_shard, nshards, xdp)?;
         let rm = start::rmem(&shared);
         let ip = start::ip(&shared)?;
         let mut dp = Dataplane {
@@ -149,6 +153,7 @@ impl Dataplane {
             incarnation: format!("{:016x}", s.incarnation),
             uptime_s: s.started.elapsed().as_secs_f64(),
             links,
+            xdp_transit: s.xdp.as_ref().is_some_and(|x| x.lock().is_on()),
             engine,
             apps: s.apps.status(),
             services: s.hosted.ids(),
@@ -236,6 +241,7 @@ fn link_status(i: usize, l: &LinkInfo, engine: &EngineSnapshot) -> LinkStatus {
             .find(|(k, _)| *k == i)
             .map(|x| x.1)
             .unwrap_or_default(),
+        redirect_errors: l.redirect_errors.as_ref().map_or(0, |r| r.read()),
         poller: l.poller,
     }
 }

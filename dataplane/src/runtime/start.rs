@@ -15,10 +15,12 @@ use torusnet_proto::topology::{Coord, Dir};
 use torusnet_proto::transport;
 
 use crate::config::NodeConfig;
+use crate::loader::XdpProgram;
 use crate::poller::Poller;
 use crate::port::Port;
 use crate::rmem::Rmem;
 use crate::shared::{Command, LinkInfo, ShardShared, Shared};
+use crate::xdp_transit::XdpTransit;
 use crate::xsk::Umem;
 
 use super::links::OpenLinks;
@@ -31,11 +33,20 @@ pub(super) fn shared(
     infos: Vec<LinkInfo>,
     link_shard: [Option<usize>; 6],
     pollers: usize,
+    xdp: XdpProgram,
 ) -> Result<Arc<Shared>, StartError> {
     let shards = (0..pollers)
         .map(|_| ShardShared::new())
         .collect::<std::io::Result<Vec<_>>>()
         .map_err(StartError::Thread)?;
+    let macs: Vec<(Dir, [u8; 6])> = infos.iter().map(|l| (l.dir, l.local_mac)).collect();
+    let mut transit = XdpTransit::new(xdp, cfg.dims, coord, cfg.xdp_transit, &macs);
+    let neighbors: Vec<(Dir, Option<[u8; 6]>)> =
+        cfg.links.iter().map(|l| (l.dir, l.neighbor_mac)).collect();
+    transit.set_neighbor_macs(&neighbors);
+    transit
+        .adopt_view(&cfg.view, &[None; 6])
+        .map_err(|e| StartError::Link(e.to_string()))?;
     Ok(Arc::new(Shared {
         name: cfg.name.clone(),
         dims: cfg.dims,
@@ -59,6 +70,7 @@ pub(super) fn shared(
             .map(|_| Arc::new(torusnet_services::kv::KvCounters::default())),
         kv_gateway: Mutex::new(None),
         commands_dropped: AtomicU64::new(0),
+        xdp: Some(Mutex::new(transit)),
         rmem: std::sync::OnceLock::new(),
         ip: cfg
             .ip
@@ -270,6 +282,7 @@ pub(super) fn watch_carriers(cfg: &NodeConfig, shared: &Arc<Shared>) {
         }),
         Box::new(move |dir, up| {
             if let Some(s) = weak.upgrade() {
+                s.with_xdp(|x| x.set_carrier(dir, up));
                 for sh in &s.shards {
                     tell_carrier(sh, dir, up);
                 }

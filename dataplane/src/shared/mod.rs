@@ -54,6 +54,8 @@ pub struct LinkInfo {
     pub poller: usize,
     /// Counters.
     pub counters: LinkCounters,
+    /// The driver's counters of frames redirected to the link that it could not take.
+    pub redirect_errors: Option<crate::nic_stats::RedirectErrors>,
 }
 
 /// State shared by the poller and everyone else.
@@ -101,6 +103,9 @@ pub struct Shared {
     /// the answer (a name's unregistration after its application left, a fan-out that lost
     /// a race for the last places).
     pub(crate) commands_dropped: AtomicU64,
+    /// The XDP program of every link, and the transit maps it forwards from (none in a
+    /// detached state).
+    pub xdp: Option<Mutex<crate::xdp_transit::XdpTransit>>,
 }
 
 impl Shared {
@@ -178,7 +183,24 @@ impl Shared {
             rmem: std::sync::OnceLock::new(),
             kv_gateway: Mutex::new(None),
             commands_dropped: AtomicU64::new(0),
+            xdp: None,
         })
+    }
+
+    /// Runs `f` on the XDP program's transit state (nothing in a detached state); a map
+    /// the kernel refused to write is logged, and the poller path stands in meanwhile.
+    pub(crate) fn with_xdp<T>(
+        &self,
+        f: impl FnOnce(&mut crate::xdp_transit::XdpTransit) -> Result<T, crate::loader::LoadError>,
+    ) -> Option<T> {
+        let mut t = self.xdp.as_ref()?.lock();
+        match f(&mut t) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!("XDP program: {e}");
+                None
+            }
+        }
     }
 
     /// Queues a command nobody waits on for poller `shard`; counted when its queue is full.

@@ -11,6 +11,7 @@ pub mod paths;
 pub mod probe;
 pub mod source;
 pub mod source_router;
+pub mod transit;
 
 use crate::keyspace;
 use crate::topology::{Axis, Coord, Dims, Dir, DirSet};
