@@ -500,12 +500,27 @@ def main():
 
     section("round-trip time over hops (torusd ping, 64 B short messages, adaptive polling, 54 daemons on 2 cores)")
     print("   3x3x3 has diameter 3: these are all the distances it has")
-    print(f"   {'to':<8} {'hops':>4} {'p50 us':>8} {'p99 us':>8} {'lost':>5}")
+    print(f"   {'to':<8} {'hops':>4} {'p50 us':>8} {'per hop':>8} {'p99 us':>8} {'lost':>5}")
     src = (0, 0, 0)
+    p50 = {}
+    def transit_totals():
+        xdp = polled = 0
+        for c in ALL:
+            v = ask(c, {"cmd": "status"})
+            xdp += sum(l["xdp"]["transit_in"] for l in v["links"])
+            polled += v["engine"]["forwarded"]
+        return xdp, polled
+    xdp0, polled0 = transit_totals()
     for dst in [(1, 0, 0), (1, 1, 0), (1, 1, 1), (2, 2, 2)]:
         hops = torusctl("route", "--dims", "3x3x3", "--from", s(src), "--to", s(dst))["distance"]
         r = ask(src, {"cmd": "ping", "to": s(dst), "count": 500})
-        print(f"   {s(dst):<8} {hops:>4} {r['rtt_us']['p50']:>8.1f} {r['rtt_us']['p99']:>8.1f} {r['lost']:>5}")
+        step = f"+{r['rtt_us']['p50'] - p50[hops - 1]:.1f}" if hops - 1 in p50 else ""
+        p50.setdefault(hops, r["rtt_us"]["p50"])
+        print(f"   {s(dst):<8} {hops:>4} {r['rtt_us']['p50']:>8.1f} {step:>8} {r['rtt_us']['p99']:>8.1f} {r['lost']:>5}")
+    time.sleep(0.3)
+    xdp1, polled1 = transit_totals()
+    print(f"   3 hops / 1 hop: {p50[3] / p50[1]:.2f}x; frames passing through forwarded in XDP "
+          f"{xdp1 - xdp0}, by pollers {polled1 - polled0}")
 
     names = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima"]
     keys = {n: torusctl("key", "--dims", "3x3x3", n) for n in names}

@@ -90,6 +90,15 @@ fn add_links(e: &mut Exposition, status: &Value, server: &str) {
         e.add_json("torusnet_link", &l["counters"], &labels, &is_counter);
         e.add_json("torusnet_link_xdp", &l["xdp"], &labels, &is_counter);
         e.add_json("torusnet_link_xsk", &l["xsk"], &labels, &is_counter);
+        if let Some(n) = l["redirect_errors"].as_f64() {
+            e.add(
+                "torusnet_link_redirect_errors_total",
+                Kind::Counter,
+                "frames the XDP program redirected to this link that the driver could not take",
+                &labels,
+                n,
+            );
+        }
         let zc = l["afxdp_mode"].as_str() == Some("zero-copy");
         e.add(
             "torusnet_link_zero_copy",
@@ -250,7 +259,8 @@ mod tests {
             "coord": [1, 0, 2], "dims": "3x3x3", "uptime_s": 4.5,
             "links": [{"dir": "+x", "ifname": "px", "afxdp_mode": "copy",
                        "counters": {"rx_frames": 10, "drop_transport": 1},
-                       "xdp": {"redirected": 9}, "xsk": {"rx_ring_full": 0}}],
+                       "xdp": {"redirected": 9, "transit_in": 4, "up": {"local": 2}},
+                       "redirect_errors": 1, "xsk": {"rx_ring_full": 0}}],
             "engine": {"transport": {"data_frames": 5, "in_flight": 2}, "forwarded": 3,
                        "view_version": 7, "unreachable": [[2, 2, 2]],
                        "rtt": [{"peer": "0,0,0", "srtt_us": 52.0}]},
@@ -265,6 +275,9 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("torusnet_link_xdp_redirected_total{"));
+        assert!(t.contains("torusnet_link_xdp_transit_in_total{"));
+        assert!(t.contains("torusnet_link_xdp_up_local_total{"));
+        assert!(t.contains("torusnet_link_redirect_errors_total{"));
         assert!(t.contains("torusnet_transport_in_flight{server=\"1,0,2\"} 2"));
         assert!(t.contains("torusnet_view_version{server=\"1,0,2\"} 7"));
         assert!(t.contains("torusnet_reachable_servers{server=\"1,0,2\"} 26"));
