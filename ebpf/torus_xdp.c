@@ -434,11 +434,18 @@ int torus_xdp(struct xdp_md *ctx)
     int out = decide(ctx, eth, data_end, in);
     if (out >= 0) {
         __u64 bytes = frame_len(ctx, (__u32)((long)data_end - (long)data));
-        count(in, CNT_TRANSIT_IN, 1);
-        count(in, CNT_TRANSIT_IN_BYTES, bytes);
-        count((__u32)out, CNT_TRANSIT_OUT, 1);
-        count((__u32)out, CNT_TRANSIT_OUT_BYTES, bytes);
-        return (int)bpf_redirect_map(&egress, (__u32)out, 0);
+        __u32 o = (__u32)out;
+        struct counters *ci = bpf_map_lookup_elem(&counters, &in);
+        if (ci) {
+            ci->c[CNT_TRANSIT_IN] += 1;
+            ci->c[CNT_TRANSIT_IN_BYTES] += bytes;
+        }
+        struct counters *co = bpf_map_lookup_elem(&counters, &o);
+        if (co) {
+            co->c[CNT_TRANSIT_OUT] += 1;
+            co->c[CNT_TRANSIT_OUT_BYTES] += bytes;
+        }
+        return (int)bpf_redirect_map(&egress, o, 0);
     }
     count(in, CNT_UP + (__u32)(-1 - out), 1);
     long action = bpf_redirect_map(&xsks, in, XDP_PASS);

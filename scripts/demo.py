@@ -632,6 +632,17 @@ def main():
     t = v["engine"]["transport"]
     print(f"   0,0,0 now: {t['data_frames']} data frames, {t['retransmitted_frames']} retransmitted, "
           f"{t['ack_frames']} ACKs, {t['nack_frames']} NACKs, {v['engine']['forwarded']} forwarded")
+    fwd = red = polled = 0
+    for c in ALL:
+        try:
+            st = ask(c, {"cmd": "status"})
+        except (OSError, RuntimeError):
+            continue  # the server killed above
+        fwd += sum(l["xdp"]["transit_out"] for l in st["links"])
+        red += sum(l["redirect_errors"] for l in st["links"])
+        polled += st["engine"]["forwarded"]
+    print(f"   the whole torus over the run: {fwd} frames passing through forwarded in XDP, "
+          f"{red} of them into a full link (dropped, resent by the transport), {polled} forwarded by pollers")
 
 
 if __name__ == "__main__":

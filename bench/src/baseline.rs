@@ -325,19 +325,36 @@ impl RawSide {
         true
     }
 
-    /// Takes one frame off the RX ring (all its buffers): its length.
-    fn take_frame(&mut self) -> Option<usize> {
+    /// Where this side's frames carry their stamp: after the torus header, or the Ethernet
+    /// one.
+    fn stamp_at(&self) -> usize {
+        self.header.as_ref().map_or(14, Vec::len)
+    }
+
+    /// Takes one frame off the RX ring (all its buffers): its length and stamp (0 when it
+    /// is too short to hold one: a frame that is nobody's echo).
+    fn take_frame(&mut self) -> Option<(usize, u64)> {
         let mut total = 0;
+        let mut stamp = 0;
+        let at = self.stamp_at();
         loop {
             if self.xsk.rx.available(1) == 0 {
-                return if total == 0 { None } else { Some(total) };
+                return if total == 0 {
+                    None
+                } else {
+                    Some((total, stamp))
+                };
             }
             let d = self.xsk.rx.read(0);
             self.xsk.rx.release(1);
+            if total == 0 && d.len as usize >= at + 8 {
+                let b = self.umem.slice(d.addr, at + 8);
+                stamp = u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
+            }
             total += d.len as usize;
             self.umem.release(d.addr);
             if d.options & 1 == 0 {
-                return Some(total);
+                return Some((total, stamp));
             }
         }
     }
@@ -366,14 +383,15 @@ pub fn afxdp_rtt(p: &Pair, count: u32, frame_len: usize) -> Result<Latency, Stri
         let mut s = RawSide::new(&ib, mtu, hb.clone())?;
         let _ = ready_tx.send(());
         let deadline = echo_deadline(count);
-        let mut served = 0;
-        while served < count + 1 && Instant::now() < deadline && !done.load(Ordering::Acquire) {
-            if let Some(len) = s.take_frame() {
-                while !s.queue_frame(len, 0) {
+        // Echoes every frame with its stamp until the client is done: frames other than
+        // the client's (a forwarder's own, on a path) come back with theirs, which the
+        // client does not wait for.
+        while Instant::now() < deadline && !done.load(Ordering::Acquire) {
+            if let Some((len, stamp)) = s.take_frame() {
+                while !s.queue_frame(len, stamp) {
                     s.reclaim();
                 }
                 s.xsk.kick_tx().map_err(|e| e.to_string())?;
-                served += 1;
             }
             s.reclaim();
         }
@@ -399,8 +417,9 @@ pub fn afxdp_rtt(p: &Pair, count: u32, frame_len: usize) -> Result<Latency, Stri
             }
             c.xsk.kick_tx().map_err(|e| e.to_string())?;
             let deadline = Instant::now() + Duration::from_secs(2);
+            let stamp = u64::from(i);
             loop {
-                if c.take_frame().is_some() {
+                if c.take_frame().is_some_and(|(_, s)| s == stamp) {
                     break;
                 }
                 if Instant::now() > deadline {
@@ -453,7 +472,9 @@ pub fn afxdp_throughput(
         while !st.load(Ordering::Acquire) {
             let mut got = false;
             for _ in 0..64 {
-                let Some(len) = s.take_frame() else { break };
+                let Some((len, _)) = s.take_frame() else {
+                    break;
+                };
                 first.get_or_insert_with(Instant::now);
                 n += 1;
                 bytes += len as u64;

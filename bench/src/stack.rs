@@ -247,13 +247,34 @@ pub fn build(tag: &str, s: &Setup, real: Option<&RealPorts>) -> Result<Running, 
 /// Starts torusd everywhere for `s`: the ends pinned to cores 0 and 1 when busy polling;
 /// forwarding servers always adaptive (two cores hold only two busy pollers).
 pub fn start(r: &mut Running, s: &Setup) {
+    let all: Vec<usize> = (0..r.cluster.servers.len()).collect();
+    start_only(r, s, &all);
+}
+
+/// Starts torusd on the servers between the ends only (none for a pair).
+pub fn start_forwarders(r: &mut Running, s: &Setup) {
+    let (tx, rx) = (r.tx, r.rx);
+    let between: Vec<usize> = (0..r.cluster.servers.len())
+        .filter(|i| *i != tx && *i != rx)
+        .collect();
+    start_only(r, s, &between);
+}
+
+/// Starts torusd on the two ends only.
+pub fn start_ends(r: &mut Running, s: &Setup) {
+    let ends = [r.tx, r.rx];
+    start_only(r, s, &ends);
+}
+
+/// Starts torusd on servers `which` for `s`.
+fn start_only(r: &mut Running, s: &Setup, which: &[usize]) {
     let n = r.cluster.servers.len();
     let mut down = r.down.clone();
     if s.hops > 0 && s.links <= 2 {
         down.push(format!("{},0,0:+x", n - 1));
     }
     let (tx, rx) = (r.tx, r.rx);
-    r.cluster.start_with(|i| {
+    r.cluster.start_only(which, |i| {
         let mut t = String::new();
         if s.busy && (i == tx || i == rx) {
             t += &format!(

@@ -165,7 +165,13 @@ impl Cluster {
     /// Like [`Cluster::start`], with per-server extra TOML (`polling`, `cores`, `[view]`...),
     /// which must set `polling`.
     pub fn start_with(&mut self, extra: impl Fn(usize) -> String) {
-        for i in 0..self.servers.len() {
+        let all: Vec<usize> = (0..self.servers.len()).collect();
+        self.start_only(&all, extra);
+    }
+
+    /// Like [`Cluster::start_with`], for servers `which` only.
+    pub fn start_only(&mut self, which: &[usize], extra: impl Fn(usize) -> String) {
+        for &i in which {
             let s = &self.servers[i];
             let mut t = format!(
                 "name = \"{}n{i}\"\ndims = \"{}\"\ncoord = \"{}\"\nmtu = {}\numem_chunks = 8192\nsocket = \"{}\"\n{}\n",
@@ -188,7 +194,7 @@ impl Cluster {
             self.servers[i].config = t;
             self.spawn(i);
         }
-        for i in 0..self.servers.len() {
+        for &i in which {
             self.wait_ready(i);
         }
     }
