@@ -883,6 +883,15 @@ fn add_hop_headlines(s: &mut String, r: &Value) {
         } else {
             "forwarded in XDP"
         };
+        // What the hops cost raw AF_XDP itself (through XDP forwarders), for comparison.
+        let two = &r[names[2].as_str()];
+        let floor = match two["raw_afxdp_through_forwarders"]["goodput_gbps"].as_f64() {
+            Some(g) => format!(
+                "; raw AF_XDP through the same two forwarders {g:.2} Gb/s = {:.2}x its one link",
+                g / f(two, &["raw_afxdp", "goodput_gbps"]).max(1e-9)
+            ),
+            None => String::new(),
+        };
         let extra: Vec<String> = names
             .iter()
             .skip(1)
@@ -899,7 +908,7 @@ fn add_hop_headlines(s: &mut String, r: &Value) {
             &format!("0 vs 1 vs 2 forwarding hops, {how}"),
             &rows,
             format!(
-                "- 0 vs 1 vs 2 forwarding hops, {how} (64 KiB reliable, MTU 9000, adaptive polling): **{:.2} vs {:.2} vs {:.2} Gb/s = 1 vs {:.2}x vs {:.2}x**{}; {} and {}.\n",
+                "- 0 vs 1 vs 2 forwarding hops, {how} (64 KiB reliable, MTU 9000, adaptive polling): **{:.2} vs {:.2} vs {:.2} Gb/s = 1 vs {:.2}x vs {:.2}x**{}; {} and {}{floor}.\n",
                 zero,
                 gbps(&names[1]),
                 gbps(&names[2]),
