@@ -101,12 +101,18 @@ fn torus_of_27_pairs_keys_and_failover() {
         }
     }
     assert_eq!(lost, 0, "every pair of the 702 exchanged messages");
+    // Frames passing through, by the XDP programs (most) and the pollers.
     let fwd: u64 = all
         .iter()
         .map(|c| {
-            t.ask(*c, false, &json!({"cmd": "status"})).unwrap()["engine"]["forwarded"]
-                .as_u64()
-                .unwrap_or(0)
+            let v = t.ask(*c, false, &json!({"cmd": "status"})).unwrap();
+            let xdp: u64 = v["links"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|l| l["xdp"]["transit_in"].as_u64().unwrap_or(0))
+                .sum();
+            xdp + v["engine"]["forwarded"].as_u64().unwrap_or(0)
         })
         .sum();
     assert!(fwd > 1000, "multi-hop forwarding through servers: {fwd}");
