@@ -58,7 +58,7 @@ static __u64 (*bpf_xdp_get_buff_len)(struct xdp_md *ctx) = (void *)188;
 #endif
 
 #define ETH_LEN 14
-#define TORUS_LEN 64
+#define TORUS_LEN 66
 #define HEADERS_LEN (ETH_LEN + TORUS_LEN)
 #define ETHERTYPE_DATA 0x88B5
 #define ETHERTYPE_CONTROL 0x88B6
@@ -78,6 +78,7 @@ static __u64 (*bpf_xdp_get_buff_len)(struct xdp_md *ctx) = (void *)188;
 #define OFF_CONN (ETH_LEN + 24)
 #define OFF_ROUTE_LEN (ETH_LEN + 60)
 #define OFF_ROUTE_NEXT (ETH_LEN + 61)
+#define OFF_CONG (ETH_LEN + 64)
 
 #define VERSION 1
 #define KIND_CONTROL 3
@@ -121,11 +122,13 @@ struct counters {
     __u64 c[CNT_MAX];
 };
 
-// Our MAC and the neighbour's on one link.
+// Our MAC and the neighbour's on one link, and its load.
 struct link {
     __u8 local_mac[6];
     __u8 neighbor_mac[6];
-    __u32 neighbor_known;
+    __u8 neighbor_known;
+    __u8 level; // its transmit load, hundredths of its capacity (queue included)
+    __u16 pad;
 };
 
 // What transit needs besides the routes; written by torusd whenever one of them changes.
@@ -260,12 +263,15 @@ INLINE void copy_mac(__u8 *to, const __u8 *from)
 }
 
 // The frame leaves by link `dir`: hop count and TTL as the engine's forward_hop writes
-// them, and the link's Ethernet addresses as the poller's transmit path writes them.
+// them, the link's Ethernet addresses as the poller's transmit path writes them, and its
+// load into the frame's telemetry when it is the most loaded so far (wire::raise_cong).
 INLINE void rewrite(__u8 *eth, struct link *l)
 {
     eth[OFF_TTL] -= 1;
     if (eth[OFF_HOPS] != 0xff)
         eth[OFF_HOPS] += 1;
+    if (l->level > eth[OFF_CONG])
+        eth[OFF_CONG] = l->level;
     copy_mac(eth, l->neighbor_mac);
     copy_mac(eth + 6, l->local_mac);
 }

@@ -25,7 +25,9 @@ def frame(kind, flags, payload, key=None):
     hdr = struct.pack(">BBHBBH", 1, kind, flags, 64, 0, 9)
     hdr += struct.pack(">HHH", 0, 1, 2) + struct.pack(">H", len(payload)) + dst
     hdr += struct.pack(">IIIIIIQ", 5, 100, 90, 7, 0, 0, 0xF0F0)
-    assert len(hdr) == 56
+    # peer connection id, route length and next hop, receive window, telemetry and its echo
+    hdr += struct.pack(">IBBHBB", 11, 0, 0, 16, 40, 90)
+    assert len(hdr) == 66
     return eth + hdr + payload
 
 

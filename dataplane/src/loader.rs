@@ -164,7 +164,9 @@ unsafe impl aya::Pod for RawCounters {}
 struct RawLink {
     local_mac: [u8; 6],
     neighbor_mac: [u8; 6],
-    neighbor_known: u32,
+    neighbor_known: u8,
+    level: u8,
+    pad: u16,
 }
 // SAFETY: plain old data, every bit pattern valid.
 unsafe impl aya::Pod for RawLink {}
@@ -459,7 +461,9 @@ impl XdpProgram {
             let raw = RawLink {
                 local_mac: m.local,
                 neighbor_mac: m.neighbor.unwrap_or_default(),
-                neighbor_known: u32::from(m.neighbor.is_some()),
+                neighbor_known: u8::from(m.neighbor.is_some()),
+                level: maps.levels[usize::from(d.index())],
+                pad: 0,
             };
             links
                 .set(u32::from(d.index()), raw, 0)

@@ -1,4 +1,4 @@
-//! The torus frame format (docs/wire.md): an Ethernet header, a fixed 64-byte torus
+//! The torus frame format (docs/wire.md): an Ethernet header, a fixed 66-byte torus
 //! header, and a payload that is either one message (or one fragment of one) or, in
 //! aggregated frames, many small messages each behind a 6-byte message header.
 //!
@@ -18,7 +18,7 @@ pub const VERSION: u8 = 1;
 /// Bytes of the Ethernet header (no VLAN tag: torus links are point-to-point).
 pub const ETH_LEN: usize = 14;
 /// Bytes of the torus header.
-pub const TORUS_LEN: usize = 64;
+pub const TORUS_LEN: usize = 66;
 /// Bytes before the payload: Ethernet plus torus header.
 pub const HEADERS_LEN: usize = ETH_LEN + TORUS_LEN;
 /// Bytes of the per-message header inside an aggregated frame.
@@ -74,6 +74,13 @@ pub mod offset {
     /// The receive window the frame's sender grants its peer, in frames past the
     /// acknowledgement (0: not stated; the peer's own window applies), u16.
     pub const RWND: usize = ETH_LEN + 62;
+    /// In-band telemetry: the load of the most loaded link the frame crossed, in hundredths
+    /// of the link's capacity (queue included: over 100 means a queue stands), written by
+    /// the sender and raised by every forwarder (poller or XDP program), u8.
+    pub const CONG: usize = ETH_LEN + 64;
+    /// The receiver's echo of `CONG`: the most loaded link its peer's frames crossed since
+    /// it last told the peer, u8.
+    pub const CONG_ECHO: usize = ETH_LEN + 65;
 }
 
 /// Most hops a source route may name: a shortest path in a 16x16x16 torus is 24 hops, a
@@ -271,6 +278,10 @@ pub struct Header {
     pub route_next: u8,
     /// Receive window granted to the peer, in frames past `ack` (0: not stated).
     pub rwnd: u16,
+    /// Telemetry: the most loaded link crossed so far, in hundredths of its capacity.
+    pub cong: u8,
+    /// The receiver's echo of the peer's `cong` (the congestion controller's signal).
+    pub cong_echo: u8,
 }
 
 impl Header {
@@ -296,6 +307,8 @@ impl Header {
             route_len: 0,
             route_next: 0,
             rwnd: 0,
+            cong: 0,
+            cong_echo: 0,
         }
     }
 
@@ -330,6 +343,8 @@ impl Header {
             route_len: p.route_len,
             route_next: v.route_next() as u8,
             rwnd: v.u16_at(offset::RWND),
+            cong: v.cong(),
+            cong_echo: v.cong_echo(),
         })
     }
 
@@ -382,6 +397,8 @@ impl Header {
         buf[offset::ROUTE_LEN] = self.route_len;
         buf[offset::ROUTE_NEXT] = self.route_next;
         put(buf, offset::RWND, &self.rwnd.to_be_bytes());
+        buf[offset::CONG] = self.cong;
+        buf[offset::CONG_ECHO] = self.cong_echo;
         Ok(())
     }
 
@@ -589,6 +606,14 @@ impl<'a> FrameView<'a> {
     pub fn flags(&self) -> u16 {
         self.u16_at(offset::FLAGS)
     }
+    /// The most loaded link the frame crossed, in hundredths of its capacity.
+    pub fn cong(&self) -> u8 {
+        self.head[offset::CONG]
+    }
+    /// The receiver's echo of its peer's `cong`.
+    pub fn cong_echo(&self) -> u8 {
+        self.head[offset::CONG_ECHO]
+    }
     /// Remaining hop budget.
     pub fn ttl(&self) -> u8 {
         self.head[offset::TTL]
@@ -684,6 +709,16 @@ impl<'a> FrameView<'a> {
 }
 
 /// Decrements the TTL and increments the hop count of a frame in place, as a forwarding
+/// Raises the frame's telemetry to `level` (the load of the link it is about to leave by,
+/// in hundredths of the link's capacity) if that link is the most loaded it has met: what a
+/// sender and every forwarder (poller, XDP program, simulated link) write.
+#[inline]
+pub fn raise_cong(buf: &mut [u8], level: u8) {
+    if let Some(c) = buf.get_mut(offset::CONG) {
+        *c = (*c).max(level);
+    }
+}
+
 /// hop does; `false` (and nothing changed) when the TTL is already spent.
 #[inline]
 pub fn forward_hop(buf: &mut [u8]) -> bool {

@@ -7,6 +7,13 @@
 
 use std::time::Duration;
 
+use torusnet_proto::wire::{HEADERS_LEN, MSG_HEADER_LEN};
+
+/// Payload bytes of a frame at MTU 1500.
+const FRAME: usize = 1514 - HEADERS_LEN;
+/// The smallest message that fills more than half a frame as an aggregated message would.
+const HALF: usize = FRAME / 2 + 1 - MSG_HEADER_LEN;
+
 use torusnet_proto::rng::SplitMix64;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
@@ -132,15 +139,15 @@ fn run(seed: u64) -> (u64, u64, u64) {
         let deliver = !rng.next_u64().is_multiple_of(4);
         for _ in 0..burst {
             let r = rng.next_u64();
-            // Over half a frame (at MTU 1500 a frame holds 1436 payload bytes; an aggregated
-            // message takes 6 more for its header), small, or in fragments; now and then
-            // fenced.
+            // Over half a frame (at MTU 1500 a frame holds FRAME payload bytes; an
+            // aggregated message takes 6 more for its header), small, or in fragments; now
+            // and then fenced.
             let len = if r.is_multiple_of(3) {
                 20 + (r >> 8) as usize % 200
             } else if r % 7 == 1 {
-                1437 + (r >> 8) as usize % 3000
+                FRAME + 1 + (r >> 8) as usize % 3000
             } else {
-                713 + (r >> 8) as usize % 724
+                HALF + (r >> 8) as usize % (FRAME + 1 - HALF)
             };
             let fences = Fences {
                 backward: (r >> 40).is_multiple_of(7),
@@ -161,7 +168,7 @@ fn run(seed: u64) -> (u64, u64, u64) {
                 Ok(Some(t)) => {
                     assert_eq!(t.kind, TxKind::Data);
                     framed += 1;
-                    small += u64::from(len < 713);
+                    small += u64::from(len < HALF);
                     direct.record(now, t.len, deliver);
                     // What the queueing pair sends for it at once.
                     queued.drain_a(now, deliver);
@@ -308,15 +315,25 @@ fn a_message_that_shares_frames_or_meets_a_queue_waits() {
     assert_eq!(p.got.len(), 4);
     assert_eq!(p.got[3], large.to_vec());
     // The line between large messages (straight whenever nothing waits) and small ones
-    // (straight only on an idle connection): more than half of a frame's 1436 payload
+    // (straight only on an idle connection): more than half of a frame's FRAME payload
     // bytes, with a message header, as aggregated.
-    for (len, large) in [(712, false), (713, true), (1436, true), (1437, false)] {
+    for (len, large) in [
+        (HALF - 1, false),
+        (HALF, true),
+        (FRAME, true),
+        (FRAME + 1, false),
+    ] {
         assert_eq!(p.a.frames_straight(len, true), large, "{len} bytes");
     }
     // Each sent on an idle connection (B's delayed ACK has come back): straight, but for
     // one that needs fragments.
     let mut now = now;
-    for (len, straight) in [(712, true), (713, true), (1436, true), (1437, false)] {
+    for (len, straight) in [
+        (HALF - 1, true),
+        (HALF, true),
+        (FRAME, true),
+        (FRAME + 1, false),
+    ] {
         now = now + Duration::from_millis(1);
         p.timers(now);
         p.exchange(now, true);

@@ -107,7 +107,7 @@ proptest! {
         let h = Header {
             kind: Kind::from_u8(kind).unwrap(), flags, ttl, hops, service,
             src: Coord::new(src.0, src.1, src.2), dst, conn, peer_conn, seq, ack, msn, frag, fence, sack,
-            payload_len: plen, route_len: 0, route_next: 0, rwnd,
+            payload_len: plen, route_len: 0, route_next: 0, rwnd, cong: ttl, cong_echo: hops,
         };
         let mut buf = vec![0u8; HEADERS_LEN + usize::from(plen)];
         h.emit(&mut buf).unwrap();

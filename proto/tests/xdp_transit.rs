@@ -55,8 +55,13 @@ fn the_xdp_program_forwards_only_as_the_engine_would() {
                     }
                     other => panic!("XDP forwards on {dir}, the engine {other:?}: {frame:?}"),
                 }
-                // The same bytes leave, but for the Ethernet addresses the driver writes.
-                assert_eq!(xdp[12..], theirs[12..], "{frame:?}");
+                // The same bytes leave, but for what the driver writes on the way out in
+                // both paths: the Ethernet addresses, the link's load into the telemetry.
+                let cong = offset::CONG;
+                assert_eq!(xdp[12..cong], theirs[12..cong], "{frame:?}");
+                assert_eq!(xdp[cong + 1..], theirs[cong + 1..], "{frame:?}");
+                let level = s.maps.levels[usize::from(dir.index())];
+                assert_eq!(xdp[cong], frame[cong].max(level));
                 let m = s.maps.macs[usize::from(dir.index())];
                 assert_eq!(xdp[0..6], m.neighbor.unwrap());
                 assert_eq!(xdp[6..12], m.local);

@@ -113,6 +113,9 @@ pub struct TransitMaps {
     pub congested: DirSet,
     /// The links' MAC addresses, by direction.
     pub macs: [LinkMacs; 6],
+    /// The links' transmit load, by direction, in hundredths of their capacity: raised
+    /// into the telemetry of frames leaving by them ([`crate::wire::raise_cong`]).
+    pub levels: [u8; 6],
 }
 
 impl TransitMaps {
@@ -126,6 +129,7 @@ impl TransitMaps {
             usable: DirSet::EMPTY,
             congested: DirSet::EMPTY,
             macs: [LinkMacs::default(); 6],
+            levels: [0; 6],
         }
     }
 
@@ -208,6 +212,7 @@ pub fn decide(maps: &TransitMaps, input: Dir, head: &mut [u8], frame_len: usize)
 fn rewrite(maps: &TransitMaps, dir: Dir, head: &mut [u8]) {
     head[offset::TTL] -= 1;
     head[offset::HOPS] = head[offset::HOPS].saturating_add(1);
+    crate::wire::raise_cong(head, maps.levels[usize::from(dir.index())]);
     let m = maps.macs[usize::from(dir.index())];
     head[0..6].copy_from_slice(&m.neighbor.unwrap_or([0; 6]));
     head[6..12].copy_from_slice(&m.local);
@@ -412,7 +417,10 @@ impl Sample {
             .filter(|d| maps.macs[usize::from(d.index())].neighbor.is_some() && !rng.chance(0.1))
             .collect();
         maps.congested = DirSet::from_bits(rng.below(64) as u8 & rng.below(64) as u8);
-        maps.on = !rng.chance(0.02);
+        for l in maps.levels.iter_mut() {
+            *l = rng.below(256) as u8;
+        }
+        maps.on = !rng.chance(0.06);
         Sample { view, maps }
     }
 
@@ -470,6 +478,7 @@ impl Sample {
         };
         h.conn = rng.next_u64() as u32;
         h.seq = rng.next_u64() as u32;
+        h.cong = rng.below(256) as u8;
         let len = rng.below(1400) as usize;
         h.payload_len = len as u16;
         let mut buf = vec![0u8; HEADERS_LEN + len];

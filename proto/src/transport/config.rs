@@ -65,6 +65,8 @@ pub struct Config {
     /// which carries such tails as a count anyway: writing 8 KB only to scan it back was a
     /// tenth of its run. A driver that sets it must write or carry every declared tail.
     pub declare_tails: bool,
+    /// The congestion controller: windows from the telemetry peers echo.
+    pub congestion: CongestionConfig,
 }
 
 impl Default for Config {
@@ -91,6 +93,7 @@ impl Default for Config {
             spare_frames: 512,
             compact_runs: false,
             declare_tails: false,
+            congestion: CongestionConfig::default(),
         }
     }
 }

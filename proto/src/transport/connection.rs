@@ -29,6 +29,8 @@ pub struct ConnConfig {
     pub life: LifecycleConfig,
     /// Largest reassembled message.
     pub max_message: usize,
+    /// The congestion controller's settings.
+    pub congestion: super::congestion::CongestionConfig,
 }
 
 /// State of the connection with one peer.
@@ -59,6 +61,10 @@ pub struct Connection {
     pub sent: Completions,
     /// What receiver pacing keeps about the peer.
     pub pace: PeerPacing,
+    /// The load the peer's frames met, to echo to it.
+    pub tele: super::congestion::Telemetry,
+    /// Our window as the peer's echoes set it.
+    pub cc: super::congestion::Controller,
     /// Striping of its reliable frames over the links.
     rr: Stripe,
     cfg: ConnConfig,
@@ -80,6 +86,8 @@ impl Connection {
             life: Lifecycle::new(cid, cfg.life),
             sent: Completions::default(),
             pace: PeerPacing::default(),
+            tele: super::congestion::Telemetry::default(),
+            cc: super::congestion::Controller::new(cfg.congestion, cfg.send.window),
             rr: Stripe::default(),
             cfg,
         }

@@ -285,6 +285,7 @@ pub(super) fn finish_data_frame(
     h.ack = seqnum::truncate(conn.recv.cum_ack());
     h.sack = conn.recv.sack_bits();
     h.rwnd = conn.pace.granted;
+    h.cong_echo = conn.tele.take_echo();
     conn.recv.on_ack_sent();
     // Emit cannot fail: buf was checked to hold a whole frame.
     let _ = h.emit(buf);
@@ -337,6 +338,7 @@ fn connection_header(kind: Kind, local: Coord, peer: Coord, c: &Connection) -> H
     h.conn = c.life.cid();
     h.peer_conn = c.life.peer_cid().unwrap_or(0);
     h.rwnd = c.pace.granted;
+    h.cong_echo = c.tele.echo();
     h
 }
 
@@ -413,6 +415,8 @@ pub(super) fn mark_retransmit(c: &mut Connection, n: usize, buf: &mut [u8]) -> u
     buf[wire::offset::ETHERTYPE..wire::offset::ETHERTYPE + 2]
         .copy_from_slice(&wire::ETHERTYPE_DATA.to_be_bytes());
     super::tx::refresh_ack(buf, c);
+    // The telemetry starts over: the links it meets now are what counts.
+    buf[wire::offset::CONG] = 0;
     let fl = u16::from_be_bytes([buf[wire::offset::FLAGS], buf[wire::offset::FLAGS + 1]])
         | flags::RETRANSMIT;
     buf[wire::offset::FLAGS..wire::offset::FLAGS + 2].copy_from_slice(&fl.to_be_bytes());

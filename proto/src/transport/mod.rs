@@ -36,6 +36,7 @@
 pub mod byte_ring;
 pub mod completion;
 mod config;
+pub mod congestion;
 pub mod connection;
 pub mod delivery;
 mod direct;
@@ -87,6 +88,7 @@ use crate::rng::SplitMix64;
 use crate::time::Time;
 use crate::topology::Coord;
 pub use config::Config;
+pub use congestion::CongestionConfig;
 pub use placer::Placer;
 use placer::Placers;
 pub use types::{

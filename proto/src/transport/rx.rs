@@ -161,6 +161,7 @@ impl Transport {
         let mut lent = None;
         if h.kind == Kind::Data {
             conn.pace.last_data = Some(now);
+            conn.tele.on_frame(h.cong);
             let before = conn.recv.cum_ack();
             match conn.recv.on_frame(now, h.seq, h.has(flags::RETRANSMIT)) {
                 Arrival::New => {
@@ -573,6 +574,10 @@ pub(super) fn take_ack(
         .unwrap_or(0);
     conn.send.on_window(h.ack, h.rwnd);
     if retired > 0 {
+        let (una, next) = (conn.send.una(), conn.send.next_seq());
+        let srtt = conn.send.srtt().map(|d| d.as_nanos() as u64);
+        let w = conn.cc.on_ack(now, h.cong_echo, una, next, srtt);
+        conn.send.set_cwnd(w);
         conn.life.set_waiting(now, waits(conn), true);
         let mut acked = std::mem::take(reports.acked);
         acked.clear();

@@ -326,6 +326,7 @@ pub(super) fn make_conn(rng: &mut SplitMix64, cfg: &Config, peer: Coord) -> Box<
             sync_retry: cfg.sync_retry,
         },
         max_message: cfg.max_message,
+        congestion: cfg.congestion,
     };
     Box::new(Connection::new(peer, cid, conn_cfg))
 }

@@ -64,6 +64,8 @@ pub struct SendWindow {
     /// The first sequence number the peer's receive window does not cover (None: the peer
     /// states none, and only our own window limits).
     peer_edge: Option<u64>,
+    /// The congestion window, in frames (never above `cfg.window`).
+    cwnd: u64,
 }
 
 impl SendWindow {
@@ -83,14 +85,20 @@ impl SendWindow {
             max_rto_ns: nanos(cfg.max_rto),
             initial_rto_ns: nanos(cfg.initial_rto),
             peer_edge: None,
+            cwnd: u64::from(cfg.window),
         }
+    }
+
+    /// Sets the congestion window (frames in flight at most, within the window).
+    #[inline(always)]
+    pub fn set_cwnd(&mut self, frames: u32) {
+        self.cwnd = u64::from(frames.clamp(1, self.cfg.window));
     }
 
     /// Whether the window has room for one more new frame: ours, and the receive window
     /// the peer last granted.
     pub fn can_send(&self) -> bool {
-        self.next - self.una < u64::from(self.cfg.window)
-            && self.peer_edge.is_none_or(|e| self.next < e)
+        self.next - self.una < self.cwnd && self.peer_edge.is_none_or(|e| self.next < e)
     }
 
     /// The peer granted `rwnd` frames in its SYNC, before acknowledging anything: past

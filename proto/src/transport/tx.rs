@@ -113,6 +113,8 @@ impl Transport {
                 }
             } else {
                 let len = frame::build_ack_frame(local, peer, c, nack, buf)?;
+                // It told the peer the load its frames met.
+                c.tele.take_echo();
                 if nack {
                     c.recv.on_nack_sent(now);
                     self.stats.nack_frames += 1;
@@ -246,6 +248,7 @@ pub(super) fn refresh_ack(buf: &mut [u8], c: &mut Connection) {
     buf[wire::offset::SACK..wire::offset::SACK + 8]
         .copy_from_slice(&c.recv.sack_bits().to_be_bytes());
     buf[wire::offset::RWND..wire::offset::RWND + 2].copy_from_slice(&c.pace.granted.to_be_bytes());
+    buf[wire::offset::CONG_ECHO] = c.tele.take_echo();
     c.recv.on_ack_sent();
 }
 
