@@ -87,7 +87,7 @@ static __u64 (*bpf_xdp_get_buff_len)(struct xdp_md *ctx) = (void *)188;
 #define FLAG_KEY_ROUTED (1 << 3)
 #define FLAG_INTERCEPT (1 << 9)
 #define FLAG_SOURCE_ROUTED (1 << 11)
-#define FLAGS_KNOWN ((1 << 12) - 1)
+#define FLAGS_KNOWN ((1 << 13) - 1) // wire::flags::KNOWN
 
 // Counter slots of one link; keep in sync with dataplane/src/loader.rs (XdpCounters).
 enum {

@@ -91,6 +91,8 @@ struct RawTransport {
     agg_delay_us: Option<u64>,
     queue_bytes: Option<usize>,
     broken_after_ms: Option<u64>,
+    /// Windows follow the fabric's telemetry (docs/transport.md, "Congestion control").
+    congestion: Option<bool>,
 }
 
 /// `[dataplane]`: how frames move through this server.
@@ -617,6 +619,9 @@ fn transport_settings(raw: &RawTransport, mtu: u32) -> Result<TransportConfig, C
             )));
         }
         transport.broken_after = std::time::Duration::from_millis(ms);
+    }
+    if let Some(on) = raw.congestion {
+        transport.congestion.on = on;
     }
     Ok(transport)
 }

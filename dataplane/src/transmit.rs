@@ -75,6 +75,8 @@ pub(crate) struct Links {
     pub(crate) handoffs: HandoffCounts,
     /// Each port's injected faults (tests and soaks only).
     faults: Vec<LinkFault>,
+    /// Each port's load as frames' telemetry records it (`load::level`), from the meters.
+    levels: Vec<u8>,
 }
 
 impl Links {
@@ -109,6 +111,7 @@ impl Links {
         // theirs full.
         let follow = matches!(shared.polling, Polling::Busy);
         let fill = vec![FillDepth::new(fill_max, follow); ports.len()];
+        let nports = link_idx.len();
         let faults = link_idx
             .iter()
             .map(|&l| LinkFault::new(0x5eed + l as u64))
@@ -126,6 +129,7 @@ impl Links {
             fill,
             handoffs: HandoffCounts::default(),
             faults,
+            levels: vec![1; nports],
         }
     }
 
@@ -296,9 +300,11 @@ impl Links {
     /// (and the link's injected faults, when a test set some).
     pub(crate) fn push(&mut self, o: usize, descs: &[XdpDesc]) {
         let (src, dst) = (self.ports[o].local_mac, self.ports[o].neighbor_mac);
-        let head = self.umem.slice_mut(descs[0].addr, 12);
+        let n = (descs[0].len as usize).min(torusnet_proto::wire::HEADERS_LEN);
+        let head = self.umem.slice_mut(descs[0].addr, n);
         head[0..6].copy_from_slice(&dst.unwrap_or([0xff; 6]));
         head[6..12].copy_from_slice(&src);
+        torusnet_proto::wire::raise_cong(head, self.levels[o]);
         if !self.faults[o].active() {
             self.put(o, descs);
             return;
@@ -474,6 +480,13 @@ impl Links {
                 let _ = p.xsk.kick_tx();
             }
             p.unkicked = 0;
+        }
+    }
+
+    /// Port `i`'s load, as the telemetry of frames leaving by it records it.
+    pub(crate) fn set_level(&mut self, i: usize, level: u8) {
+        if let Some(l) = self.levels.get_mut(i) {
+            *l = level;
         }
     }
 

@@ -127,6 +127,18 @@ impl XdpTransit {
         self.write(&[])
     }
 
+    /// Link `dir`'s load as frames' telemetry records it: written for the program when it
+    /// moved by a twentieth of the capacity or more (the meters move a little every
+    /// sample).
+    pub fn set_level(&mut self, dir: Dir, level: u8) -> Result<(), LoadError> {
+        let old = &mut self.maps.levels[usize::from(dir.index())];
+        if old.abs_diff(level) < 5 && (*old > 100) == (level > 100) {
+            return Ok(());
+        }
+        *old = level;
+        self.write(&[])
+    }
+
     /// Drops data frames arriving on link `dir` with probability `p` (tests).
     pub fn set_fault_drop(&mut self, dir: Dir, p: f64) -> Result<(), LoadError> {
         self.program.set_fault_drop(dir, p)

@@ -212,8 +212,11 @@ pub mod flags {
     /// A source route follows the header: forwarders take the hop it names, not their
     /// own choice. Derived from the header's route length when emitting.
     pub const SOURCE_ROUTED: u16 = 1 << 11;
+    /// The sender's window is full with this frame: acknowledge it at once, not after the
+    /// delayed-ACK timer (a congestion window of a few frames would wait for it every round).
+    pub const ACK_NOW: u16 = 1 << 12;
     /// Every bit this version defines.
-    pub const KNOWN: u16 = (1 << 12) - 1;
+    pub const KNOWN: u16 = (1 << 13) - 1;
 }
 
 /// Per-message flag bits inside an aggregated frame.
@@ -712,10 +715,13 @@ impl<'a> FrameView<'a> {
 /// Raises the frame's telemetry to `level` (the load of the link it is about to leave by,
 /// in hundredths of the link's capacity) if that link is the most loaded it has met: what a
 /// sender and every forwarder (poller, XDP program, simulated link) write.
+/// Frames of other EtherTypes (control frames) are left alone.
 #[inline]
 pub fn raise_cong(buf: &mut [u8], level: u8) {
-    if let Some(c) = buf.get_mut(offset::CONG) {
-        *c = (*c).max(level);
+    if buf.len() > offset::CONG
+        && buf[offset::ETHERTYPE..offset::ETHERTYPE + 2] == ETHERTYPE_DATA.to_be_bytes()
+    {
+        buf[offset::CONG] = buf[offset::CONG].max(level);
     }
 }
 

@@ -312,9 +312,13 @@ impl Poller {
             };
             busy |= moved != (0, 0) && (load.tx_bps > 0 || load.rx_bps > 0);
             self.node.set_link_load(dir, load);
+            self.links.set_level(i, load.level());
             if let Some(x) = xdp.as_mut() {
                 let was = x.maps().congested.contains(dir);
-                if let Err(e) = x.set_congested(dir, transit::congested(&load, was)) {
+                let marked = x
+                    .set_congested(dir, transit::congested(&load, was))
+                    .and_then(|()| x.set_level(dir, load.level()));
+                if let Err(e) = marked {
                     tracing::warn!("XDP program: {e}");
                 }
             }

@@ -43,6 +43,27 @@ impl LinkLoad {
     }
 }
 
+/// Frames of standing queue that count as the link's whole capacity again in its
+/// telemetry level (about a round trip's worth of frames on the paths measured here).
+pub const QUEUE_REF: u64 = 8;
+
+/// A link's load as frames record it in their telemetry ([`crate::wire::raise_cong`]):
+/// its transmit rate over its capacity plus its queue over [`QUEUE_REF`] frames, in
+/// hundredths, at least 1 (0 means no telemetry) and at most 255. `queue_milli` is the
+/// queue in thousandths of frames. The simulator's links, the poller and the XDP program's
+/// levels are all this function's.
+pub fn level(tx_permille: u64, queue_milli: u64) -> u8 {
+    let l = tx_permille / 10 + queue_milli / 10 / QUEUE_REF;
+    l.clamp(1, 255) as u8
+}
+
+impl LinkLoad {
+    /// This load as a telemetry level ([`level`]).
+    pub fn level(&self) -> u8 {
+        level(self.tx_permille(), self.queue_milli)
+    }
+}
+
 fn permille(part: u64, whole: u64) -> u64 {
     (u128::from(part) * 1000 / u128::from(whole.max(1))).min(1000) as u64
 }

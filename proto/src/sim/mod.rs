@@ -57,6 +57,10 @@ struct Link {
     live: bool,
     /// Bytes put on the link (frames with their preamble and gap), for its load figure.
     tx_bytes: u64,
+    /// The fraction of time it has been sending lately, per mille (frames' telemetry).
+    util: u64,
+    /// When its last frame started.
+    last_start: Time,
 }
 
 /// Counters of a run.

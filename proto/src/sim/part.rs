@@ -335,9 +335,22 @@ impl Part {
         let start = l.busy_until.max(self.now);
         let wire = super::wire_bytes(len);
         let tx = (wire * 8 * 1_000_000_000) / ctx.cfg.rate_bps.max(1);
+        // Telemetry: the link's load as this frame finds it, its exact queue and how busy
+        // it has been (a standing queue means it sends all the time).
+        let queued = start.0 - self.now.0;
+        let busy = if queued > 0 {
+            1000
+        } else {
+            let gap = self.now.0.saturating_sub(l.last_start.0).max(1);
+            (1000 * tx / gap.max(tx)).min(1000)
+        };
+        l.util = (l.util * 7 + busy) / 8;
+        l.last_start = start;
+        let level = crate::routing::load::level(l.util, queued * 1000 / ctx.frame_ns.max(1));
         l.busy_until = Time(start.0 + tx);
         l.tx_bytes += wire;
         let arrive = Time(start.0 + tx) + ctx.cfg.delay;
+        crate::wire::raise_cong(self.frames.get_mut(slot).head_mut(), level);
         self.stats.frames_sent += 1;
         self.stats.control_frames += u64::from(control);
         if !ctx.up[j] || !l.live {

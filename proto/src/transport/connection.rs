@@ -73,9 +73,12 @@ pub struct Connection {
 impl Connection {
     /// A fresh connection with `peer`, as instance `cid`.
     pub fn new(peer: Coord, cid: u32, cfg: ConnConfig) -> Connection {
+        let cc = super::congestion::Controller::new(cfg.congestion, cfg.send.window);
+        let mut send = SendWindow::new(cfg.send);
+        send.set_cwnd(cc.window());
         Connection {
             peer,
-            send: SendWindow::new(cfg.send),
+            send,
             recv: RecvWindow::new(cfg.recv),
             delivery: Delivery::new(cfg.max_message),
             next_msn: 0,
@@ -87,7 +90,7 @@ impl Connection {
             sent: Completions::default(),
             pace: PeerPacing::default(),
             tele: super::congestion::Telemetry::default(),
-            cc: super::congestion::Controller::new(cfg.congestion, cfg.send.window),
+            cc,
             rr: Stripe::default(),
             cfg,
         }

@@ -282,6 +282,9 @@ pub(super) fn finish_data_frame(
     let len = HEADERS_LEN + plen;
     h.seq = seqnum::truncate(conn.send.next_seq());
     h.flags |= flags::ACK_VALID | flags::SACK_VALID;
+    if conn.send.fills_cwnd() {
+        h.flags |= flags::ACK_NOW;
+    }
     h.ack = seqnum::truncate(conn.recv.cum_ack());
     h.sack = conn.recv.sack_bits();
     h.rwnd = conn.pace.granted;

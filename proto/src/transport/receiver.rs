@@ -217,6 +217,11 @@ impl RecvWindow {
         self.unacked > 0 || self.ack_now
     }
 
+    /// The sender asked for an acknowledgement at once (its window is full).
+    pub fn ack_at_once(&mut self) {
+        self.ack_now = true;
+    }
+
     /// Whether an explicit ACK must go out now (count reached, timer fired or duplicate).
     pub fn ack_due(&self, now: Time) -> bool {
         self.ack_now || self.ack_deadline.is_some_and(|d| now >= d)

@@ -162,6 +162,9 @@ impl Transport {
         if h.kind == Kind::Data {
             conn.pace.last_data = Some(now);
             conn.tele.on_frame(h.cong);
+            if h.has(flags::ACK_NOW) {
+                conn.recv.ack_at_once();
+            }
             let before = conn.recv.cum_ack();
             match conn.recv.on_frame(now, h.seq, h.has(flags::RETRANSMIT)) {
                 Arrival::New => {

@@ -117,6 +117,13 @@ impl SendWindow {
         self.peer_edge = (rwnd != 0).then(|| cum + u64::from(rwnd));
     }
 
+    /// Whether the next new frame fills a congestion window smaller than the window: its
+    /// acknowledgement is what lets the next go, so the receiver should not delay it.
+    #[inline(always)]
+    pub fn fills_cwnd(&self) -> bool {
+        self.cwnd < u64::from(self.cfg.window) && self.next - self.una + 1 >= self.cwnd
+    }
+
     /// Frames in flight (sent, not cumulatively acknowledged).
     pub fn in_flight(&self) -> u64 {
         self.next - self.una
