@@ -76,6 +76,8 @@ pub(super) struct Traffic {
     pub(super) threads: usize,
     /// Every payload byte through the engines' queues (no compacted runs).
     pub(super) real_bytes: bool,
+    /// The congestion controller on (reliable load).
+    pub(super) congestion: bool,
 }
 
 impl Traffic {
@@ -89,6 +91,7 @@ impl Traffic {
             spread: true,
             threads: 1,
             real_bytes: false,
+            congestion: false,
         }
     }
 }
@@ -105,11 +108,13 @@ pub(super) fn alltoall(k: u16, fail_pct: f64, tr: &Traffic) -> Result<Point, Str
         spread,
         threads,
         real_bytes,
+        congestion,
     } = *tr;
     crate::procmem::reset_peak();
     let rss0 = crate::procmem::rss_kib();
     let mut c = cfg(k, spread)?;
     c.transport.compact_runs = !real_bytes;
+    c.transport.congestion.on = congestion;
     let t0 = Instant::now();
     let mut sim = Sim::with_threads(c, threads)?;
     let dims = sim.dims();

@@ -36,6 +36,9 @@ enum Exp {
         /// Forward on the first next hop with room instead of the least backlogged.
         #[arg(long)]
         first_hop: bool,
+        /// The transport's congestion controller on (with `--load reliable`).
+        #[arg(long)]
+        congestion: bool,
         #[command(flatten)]
         out: Out,
     },
@@ -267,8 +270,15 @@ pub fn run(a: &Args) -> Result<(), String> {
             ms,
             load,
             first_hop,
+            congestion,
             out,
-        } => sweep_sizes(sizes, traffic(*ms, *load, *first_hop, false, out), out),
+        } => {
+            let tr = Traffic {
+                congestion: *congestion,
+                ..traffic(*ms, *load, *first_hop, false, out)
+            };
+            sweep_sizes(sizes, tr, out)
+        }
         Exp::Failures {
             k,
             percent,
@@ -321,6 +331,7 @@ fn traffic(ms: f64, load: Load, first_hop: bool, to_failed: bool, out: &Out) -> 
         spread: !first_hop,
         threads: 1,
         real_bytes: out.real_bytes,
+        congestion: false,
     }
 }
 
