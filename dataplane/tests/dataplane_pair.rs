@@ -74,13 +74,10 @@ fn start_pair(tag: &str, mtu: u32, two_links: bool) -> (Netns, Netns, Dataplane,
 
 /// A reliable transfer from A to B over one or two links whose frames suffer `fault` (in
 /// both directions: data and acknowledgements); every message arrives once and intact.
-fn run(mtu: u32, two_links: bool, fault: Fault, messages: u64, size: usize) {
-    let tag = format!(
-        "{}{}{}",
-        std::process::id() % 10000,
-        mtu,
-        u8::from(two_links)
-    );
+fn run(label: &str, mtu: u32, two_links: bool, fault: Fault, messages: u64, size: usize) {
+    // Unique per test: tests that shared a tag (same MTU and links, loss with and without
+    // duplication) ran at once and deleted each other's namespaces.
+    let tag = format!("{}{label}", std::process::id() % 10000);
     let (_na, _nb, a, b) = start_pair(&tag, mtu, two_links);
     if fault != Fault::default() {
         for d in [Dir::PlusX, Dir::MinusX] {
@@ -182,33 +179,33 @@ fn loss(p: f64) -> Fault {
 #[test]
 fn one_link_mtu1500_with_duplication_and_reordering() {
     let f = Fault::new(0.0, 0.02, 0.02).expect("probabilities");
-    run(1500, false, f, 20_000, 200);
+    run("d1", 1500, false, f, 20_000, 200);
 }
 
 #[test]
 fn two_links_mtu9000_with_loss_duplication_and_reordering() {
     let f = Fault::new(0.01, 0.02, 0.02).expect("probabilities");
-    run(9000, true, f, 3_000, 20_000);
+    run("d9", 9000, true, f, 3_000, 20_000);
 }
 
 #[test]
 fn one_link_mtu1500_with_loss() {
-    run(1500, false, loss(0.02), 20_000, 200);
+    run("l1", 1500, false, loss(0.02), 20_000, 200);
 }
 
 #[test]
 fn two_links_mtu1500_with_loss() {
-    run(1500, true, loss(0.02), 20_000, 3000);
+    run("l2", 1500, true, loss(0.02), 20_000, 3000);
 }
 
 #[test]
 fn one_link_mtu9000_with_loss() {
-    run(9000, false, loss(0.02), 3_000, 20_000);
+    run("l9", 9000, false, loss(0.02), 3_000, 20_000);
 }
 
 #[test]
 fn two_links_mtu9000_with_loss() {
-    run(9000, true, loss(0.02), 5_000, 20_000);
+    run("m9", 9000, true, loss(0.02), 5_000, 20_000);
 }
 
 /// An embedded service that stops reading: once its inbox is full, reliable messages for it

@@ -356,3 +356,29 @@ pub fn mac(t: &Torus, c: torusnet_proto::topology::Coord, ifname: &str) -> [u8; 
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     torusnet_dataplane::netns::parse_mac(v[0]["address"].as_str().unwrap()).unwrap()
 }
+
+/// A data frame with an 8-byte payload from `src` to `dst`, as a server whose MAC is
+/// `victim` receives it from its neighbour `attacker`; source-routed along `dirs` (its next
+/// hop `next`) when `dirs` is not empty. What the tests inject, hostile frames made from it.
+pub fn data_frame(
+    victim: [u8; 6],
+    attacker: [u8; 6],
+    src: torusnet_proto::topology::Coord,
+    dst: torusnet_proto::topology::Coord,
+    dirs: &[torusnet_proto::topology::Dir],
+    next: u8,
+) -> Vec<u8> {
+    use torusnet_proto::routing::source::{self, Route};
+    use torusnet_proto::wire::{self, offset, Dest, Header, Kind, HEADERS_LEN};
+    let mut h = Header::new(Kind::Data, src, Dest::Server(dst));
+    h.payload_len = 8;
+    let mut b = vec![0u8; HEADERS_LEN + 8 + dirs.len()];
+    h.emit(&mut b).expect("room for the headers");
+    wire::emit_eth(&mut b, victim, attacker).expect("room for the addresses");
+    if let Some(route) = Route::new(dirs) {
+        let len = source::insert(&mut b, HEADERS_LEN + 8, &route).expect("room for the route");
+        b.truncate(len);
+        b[offset::ROUTE_NEXT] = next;
+    }
+    b
+}

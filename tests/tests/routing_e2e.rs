@@ -8,10 +8,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use torusnet_e2e::{inject, ip, mac, Torus};
-use torusnet_proto::routing::source::{self, Route};
+use torusnet_e2e::{data_frame as routed_frame, inject, ip, mac, Torus};
 use torusnet_proto::topology::{Coord, Dir};
-use torusnet_proto::wire::{self, offset, Dest, Header, Kind, HEADERS_LEN};
+use torusnet_proto::wire::{offset, HEADERS_LEN};
 
 fn status(t: &Torus, c: Coord) -> Value {
     t.ask(c, false, &json!({"cmd": "status"}))
@@ -68,27 +67,6 @@ fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// A source-routed data frame from `src` to `dst` along `dirs`, as `victim` would receive
-/// it from its neighbour `attacker_mac`, next hop index `next`.
-fn routed_frame(
-    victim_mac: [u8; 6],
-    attacker_mac: [u8; 6],
-    src: Coord,
-    dst: Coord,
-    dirs: &[Dir],
-    next: u8,
-) -> Vec<u8> {
-    let mut h = Header::new(Kind::Data, src, Dest::Server(dst));
-    h.payload_len = 8;
-    let mut b = vec![0u8; HEADERS_LEN + 8 + dirs.len()];
-    h.emit(&mut b).unwrap();
-    wire::emit_eth(&mut b, victim_mac, attacker_mac).unwrap();
-    let len = source::insert(&mut b, HEADERS_LEN + 8, &Route::new(dirs).unwrap()).unwrap();
-    b.truncate(len);
-    b[offset::ROUTE_NEXT] = next;
-    b
 }
 
 #[test]

@@ -9,10 +9,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use torusnet_e2e::{inject, ip, mac, Daemon, Torus};
-use torusnet_proto::routing::source::{self, Route};
+use torusnet_e2e::{data_frame as frame, inject, ip, mac, Daemon, Torus};
 use torusnet_proto::topology::{Coord, Dir};
-use torusnet_proto::wire::{self, offset, Dest, Header, Kind, HEADERS_LEN};
+use torusnet_proto::wire::offset;
 
 const FROM: Coord = Coord::new(0, 0, 0);
 const TO: Coord = Coord::new(3, 0, 0);
@@ -75,29 +74,6 @@ fn wait_link(t: &Torus, c: Coord, at: Coord, dir: Dir, live: bool) {
         "{c} never saw {at}:{dir} {}",
         if live { "up" } else { "down" }
     );
-}
-
-/// A data frame from `src` to `dst` as `victim` receives it from its neighbour
-/// `attacker_mac`, source-routed along `dirs` (next hop `next`) when `dirs` is not empty.
-fn frame(
-    victim: [u8; 6],
-    attacker: [u8; 6],
-    src: Coord,
-    dst: Coord,
-    dirs: &[Dir],
-    next: u8,
-) -> Vec<u8> {
-    let mut h = Header::new(Kind::Data, src, Dest::Server(dst));
-    h.payload_len = 8;
-    let mut b = vec![0u8; HEADERS_LEN + 8 + dirs.len()];
-    h.emit(&mut b).unwrap();
-    wire::emit_eth(&mut b, victim, attacker).unwrap();
-    if !dirs.is_empty() {
-        let len = source::insert(&mut b, HEADERS_LEN + 8, &Route::new(dirs).unwrap()).unwrap();
-        b.truncate(len);
-        b[offset::ROUTE_NEXT] = next;
-    }
-    b
 }
 
 #[test]
