@@ -181,6 +181,21 @@ impl Torus {
         cluster::request(&self.sock(c, false), req, limit)
     }
 
+    /// A checked bulk transfer (torusd's bench service) of `bytes` from `from` to `to`,
+    /// within two minutes; its report, every byte verified at the receiver.
+    pub fn checked_bench(&self, from: impl Display, to: impl Display, bytes: u64) -> Value {
+        let r = self
+            .ask_within(
+                from,
+                &json!({"cmd": "bench", "to": to.to_string(), "bytes": bytes, "timeout_ms": 120_000}),
+                Duration::from_secs(130),
+            )
+            .expect("bench");
+        assert_eq!(r["receiver"]["verified"], json!(true), "{r}");
+        assert_eq!(r["receiver"]["bytes"], r["bytes"], "{r}");
+        r
+    }
+
     /// Server `c`'s node file.
     pub fn node_file(&self, c: impl Display) -> PathBuf {
         PathBuf::from(format!(

@@ -36,16 +36,9 @@ fn set_mode(t: &Torus, c: Coord, mode: &str) {
 
 /// A checked bulk transfer of `bytes` from `from` to `to`: its goodput, Gb/s.
 fn bench(t: &Torus, from: Coord, to: Coord, bytes: u64) -> f64 {
-    let r = t
-        .ask_within(
-            from,
-            &json!({"cmd": "bench", "to": to.to_string(), "bytes": bytes, "timeout_ms": 120_000}),
-            Duration::from_secs(130),
-        )
-        .expect("bench");
-    assert_eq!(r["receiver"]["verified"], json!(true), "{r}");
-    assert_eq!(u(&r["receiver"], "bytes"), u(&r, "bytes"), "{r}");
-    r["goodput_gbps"].as_f64().unwrap_or(0.0)
+    t.checked_bench(from, to, bytes)["goodput_gbps"]
+        .as_f64()
+        .unwrap_or(0.0)
 }
 
 /// The path `from`'s flow to `to` uses, as directions.

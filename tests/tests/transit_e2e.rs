@@ -43,16 +43,7 @@ fn links_sum(v: &Value, path: &[&str]) -> u64 {
 
 /// A checked bulk transfer of `bytes` from `from` to `to`.
 fn bench(t: &Torus, from: Coord, to: Coord, bytes: u64) -> Value {
-    let r = t
-        .ask_within(
-            from,
-            &json!({"cmd": "bench", "to": to.to_string(), "bytes": bytes, "timeout_ms": 120_000}),
-            Duration::from_secs(130),
-        )
-        .expect("bench");
-    assert_eq!(r["receiver"]["verified"], json!(true), "{r}");
-    assert_eq!(u(&r["receiver"], &["bytes"]), u(&r, &["bytes"]), "{r}");
-    r
+    t.checked_bench(from, to, bytes)
 }
 
 /// Waits until `c`'s torusd has adopted a view in which link `dir` of `at` is `live`.

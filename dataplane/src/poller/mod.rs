@@ -300,10 +300,14 @@ impl Poller {
         for i in 0..self.links.ports.len() {
             let queue = self.links.ports[i].xsk.tx.outstanding();
             let dir = self.links.ports[i].dir;
-            let moved = xdp.as_ref().map_or((0, 0), |x| {
-                let c = x.counters(dir);
-                (c.transit_out_bytes, c.transit_in_bytes)
-            });
+            // (Nothing passes through in XDP while transit there is off: no map read.)
+            let moved = match xdp.as_ref() {
+                Some(x) if x.is_on() => {
+                    let c = x.counters(dir);
+                    (c.transit_out_bytes, c.transit_in_bytes)
+                }
+                _ => (0, 0),
+            };
             let Some((dir, load)) = self
                 .loads
                 .sample(now, i, self.links.counters(i), moved, queue)
