@@ -71,6 +71,8 @@ pub struct Poller {
     carrier_down: DirSet,
     /// The XDP program moved frames over this poller's links at the last load sample.
     transit_busy: bool,
+    /// The XDP program's transit byte counters of each port at the last load sample.
+    xdp_moved: Vec<(u64, u64)>,
 }
 
 impl Poller {
@@ -104,6 +106,7 @@ impl Poller {
             lent: 0,
             carrier_down: DirSet::EMPTY,
             transit_busy: false,
+            xdp_moved: Vec::new(),
         }
         .with_link_capacity(10_000_000_000)
     }
@@ -314,7 +317,13 @@ impl Poller {
             else {
                 continue;
             };
-            busy |= moved != (0, 0) && (load.tx_bps > 0 || load.rx_bps > 0);
+            // Busy while the program moved bytes since the last sample (the counters are
+            // totals: compared with their value then, not with zero).
+            if self.xdp_moved.len() <= i {
+                self.xdp_moved.resize(i + 1, (0, 0));
+            }
+            busy |= moved != self.xdp_moved[i];
+            self.xdp_moved[i] = moved;
             self.node.set_link_load(dir, load);
             self.links.set_level(i, load.level());
             if let Some(x) = xdp.as_mut() {
