@@ -6,6 +6,7 @@ mod alltoall;
 mod harness;
 mod incast;
 mod routing;
+mod share;
 
 use serde_json::json;
 
@@ -68,6 +69,9 @@ enum Exp {
     /// The routing modes (next hops, source routes by BSR, key routing) under all-to-all and
     /// a hot row, with 0..20% of servers and links failed: aggregate throughput.
     Routing(routing::Args),
+    /// Services sharing a link by weight, at its sender and in transit, with the
+    /// congestion controller off and on: each service's share of the bytes.
+    Share(share::Args),
     /// Many-to-one: servers send to one server at once, with the congestion controller
     /// off and on: aggregate goodput against the receiver's links, retransmissions,
     /// completion times against the ideal.
@@ -216,6 +220,7 @@ pub fn run(a: &Args) -> Result<(), String> {
     with_huge_pages();
     match &a.exp {
         Exp::Routing(r) => routing::run(r),
+        Exp::Share(a) => share::run(a),
         Exp::Incast {
             k,
             senders,

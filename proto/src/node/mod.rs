@@ -237,6 +237,16 @@ impl Node {
             .configure_service(service, weight, queue_bytes);
     }
 
+    /// Sets a service's fair-queuing weight, its queue limit as it was.
+    pub fn set_service_weight(&mut self, service: u16, weight: u32) {
+        self.transport.set_service_weight(service, weight);
+    }
+
+    /// A service's fair-queuing weight (1 unless set).
+    pub fn service_weight(&self, service: u16) -> u32 {
+        self.transport.service_weight(service)
+    }
+
     /// The next time `handle_timeout` must run.
     pub fn poll_timeout(&self) -> Option<Time> {
         let source = if self.source_used {
@@ -301,6 +311,16 @@ impl Node {
             .filter(|c| *c != self.local && routes.is_reachable(*c))
             .collect();
         self.transport.announce(peers);
+    }
+
+    /// Turns the congestion controller on or off for every connection.
+    pub fn set_congestion(&mut self, on: bool) {
+        self.transport.set_congestion(on);
+    }
+
+    /// Whether the congestion controller is on.
+    pub fn congestion(&self) -> bool {
+        self.transport.congestion()
     }
 
     /// Whether `service` gets [`Event::Acked`] reports.

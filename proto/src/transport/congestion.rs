@@ -19,6 +19,15 @@
 //! shrinks with the number of senders. The window never falls below
 //! [`CongestionConfig::min_window`] frames; the receiver's pacing grant (`pacing.rs`) and
 //! the sender's own window still bound it from above.
+//!
+//! Weighted shares: a connection's additive step is multiplied by the fair-queuing weight
+//! of the service whose frames it sends ([`Controller::set_weight`]). At HPCC's fixed point
+//! every window sharing a link is scaled by the same factor each round, so what sets the
+//! split is the additive steps: flows get windows in proportion to their weights on every
+//! link of their paths, forwarders' included, with no queue per service at the forwarders
+//! (the XDP program has none to give). Windows, not rates: a flow on a longer round trip
+//! gets less of a link for the same window (scaling the step by the round trip evened that
+//! out in a model but stood queues up under incast, so it is not done).
 
 use crate::time::Time;
 
@@ -29,8 +38,8 @@ pub struct CongestionConfig {
     pub on: bool,
     /// The load the most loaded link on a path is steered to, in hundredths (HPCC's eta).
     pub target: u8,
-    /// Frames added to the window every round trip (HPCC's W_AI): how fast flows that
-    /// share a link even out.
+    /// Frames added to the window every round trip (HPCC's W_AI), times the sending
+    /// service's weight: how fast flows that share a link even out.
     pub additive: f64,
     /// The least window, in frames.
     pub min_window: u32,
@@ -104,6 +113,8 @@ pub struct Controller {
     min_rtt_ns: u64,
     /// When the delay fallback last shrank the window.
     shrunk_at: Option<Time>,
+    /// The weight the additive step is multiplied by (the sending service's).
+    weight: f64,
 }
 
 impl Controller {
@@ -122,7 +133,21 @@ impl Controller {
             max: f64::from(max.max(1)),
             min_rtt_ns: u64::MAX,
             shrunk_at: None,
+            weight: 1.0,
         }
+    }
+
+    /// Frames from a service of fair-queuing `weight` are being sent: the additive step
+    /// grows with it, so flows sharing a link split it by weight.
+    #[inline(always)]
+    pub fn set_weight(&mut self, weight: u32) {
+        self.weight = f64::from(weight.max(1));
+    }
+
+    /// Frames added this round: the additive step times the sending service's weight.
+    #[inline]
+    fn step(&self) -> f64 {
+        self.cfg.additive * self.weight
     }
 
     /// The window now, in whole frames.
@@ -154,7 +179,7 @@ impl Controller {
         if echo != 0 {
             // HPCC: W = W_c / (U / eta) + W_AI, the additive step spread over a round.
             let u = f64::from(echo) / 100.0;
-            let step = if round { self.cfg.additive } else { 0.0 };
+            let step = if round { self.step() } else { 0.0 };
             self.window = (self.reference * f64::from(self.cfg.target) / 100.0 / u.max(0.01)
                 + step)
                 .clamp(floor, self.max);
@@ -177,7 +202,7 @@ impl Controller {
                 self.shrunk_at = Some(now);
             }
         } else if round {
-            self.window = (self.window + self.cfg.additive).min(self.max);
+            self.window = (self.window + self.step()).min(self.max);
         }
         self.window()
     }
@@ -207,12 +232,12 @@ mod tests {
         );
         assert_eq!(c.window(), 64);
         // The bottleneck at twice its capacity: the window halves (to eta).
-        let w = c.on_ack(Time(1), 200, 1, 64, Some(10_000));
+        let w = c.on_ack(Time(1), 200, 1, 64, Some(100_000));
         assert_eq!(w, (64.0f64 * 0.95 / 2.0 + 0.5).round() as u32);
         // Next round: a link at 10%: the window grows towards the top at once.
-        let w = c.on_ack(Time(2), 10, 64, 100, Some(10_000));
+        let w = c.on_ack(Time(2), 10, 64, 100, Some(100_000));
         assert!(w > 250, "{w}");
-        let w = c.on_ack(Time(3), 1, 100, 400, Some(10_000));
+        let w = c.on_ack(Time(3), 1, 100, 400, Some(100_000));
         assert_eq!(w, 512);
     }
 
@@ -230,12 +255,48 @@ mod tests {
             let echo = load.clamp(1, 255) as u8;
             ua += a.window as u64;
             ub += b.window as u64;
-            a.on_ack(Time(round), echo, ua, ua + a.window as u64, Some(1000));
-            b.on_ack(Time(round), echo, ub, ub + b.window as u64, Some(1000));
+            a.on_ack(Time(round), echo, ua, ua + a.window as u64, Some(100_000));
+            b.on_ack(Time(round), echo, ub, ub + b.window as u64, Some(100_000));
         }
         let (wa, wb) = (a.window, b.window);
         assert!((wa - wb).abs() < 0.2 * (wa + wb), "{wa} {wb}");
         assert!((80.0..=110.0).contains(&(wa + wb)), "{wa} {wb}");
+    }
+
+    #[test]
+    fn weights_split_a_shared_link() {
+        // Three flows through one link of 100 frames a round, weights 2:1:1, starting
+        // anywhere: their windows settle in proportion to the weights.
+        let mut flows = [ctl(), ctl(), ctl()];
+        let weights = [2u32, 1, 1];
+        for (f, &w) in flows.iter_mut().zip(&weights) {
+            f.set_weight(w);
+        }
+        flows[1].window = 70.0;
+        let mut acked = [0u64; 3];
+        let mut sums = [0.0f64; 3];
+        for round in 0..2000u64 {
+            let load: f64 = flows.iter().map(|f| f.window).sum();
+            let echo = (load as u64).clamp(1, 255) as u8;
+            for (i, f) in flows.iter_mut().enumerate() {
+                acked[i] += f.window as u64;
+                f.on_ack(
+                    Time(round),
+                    echo,
+                    acked[i],
+                    acked[i] + f.window as u64,
+                    Some(100_000),
+                );
+                if round >= 1000 {
+                    sums[i] += f.window;
+                }
+            }
+        }
+        let total: f64 = sums.iter().sum();
+        let shares: Vec<f64> = sums.iter().map(|s| s / total).collect();
+        for (share, want) in shares.iter().zip([0.5, 0.25, 0.25]) {
+            assert!((share - want).abs() < 0.02, "{shares:?}");
+        }
     }
 
     #[test]

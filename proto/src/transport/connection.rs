@@ -96,6 +96,14 @@ impl Connection {
         }
     }
 
+    /// Congestion control as `cc` says from now on: a fresh controller (turned on, the
+    /// window opens from its initial size; off, the connection's whole window).
+    pub fn set_congestion(&mut self, cc: super::congestion::CongestionConfig) {
+        self.cfg.congestion = cc;
+        self.cc = super::congestion::Controller::new(cc, self.cfg.send.window);
+        self.send.set_cwnd(self.cc.window());
+    }
+
     /// Puts the connection on the transport's `urgent` list (it has a SYNC, a
     /// retransmission, an ACK or a NACK to send), once.
     #[inline(always)]

@@ -180,6 +180,11 @@ impl ServiceQueue {
         self.messages
     }
 
+    /// Frames this queue may send per turn (its service's weight).
+    pub fn weight(&self) -> u32 {
+        self.weight
+    }
+
     /// Whether no message waits.
     pub fn is_empty(&self) -> bool {
         self.meta.is_empty()
@@ -471,6 +476,20 @@ impl FairQueue {
         let i = self.slot(service);
         self.queues[i].weight = weight.max(1);
         self.queues[i].limit = limit;
+    }
+
+    /// Sets a service's weight alone (frames per turn, at least 1), its limit as it was.
+    pub fn set_weight(&mut self, service: u16, weight: u32) {
+        let i = self.slot(service);
+        self.queues[i].weight = weight.max(1);
+    }
+
+    /// A service's weight (1 for a service never configured).
+    pub fn weight(&self, service: u16) -> u32 {
+        self.index
+            .get(&service)
+            .and_then(|&i| self.queues.get(i))
+            .map_or(1, |q| q.weight)
     }
 
     /// Takes every service's weight and limit from `other` (a queue being replaced).

@@ -14,6 +14,32 @@ impl Transport {
         self.queues.configure(service, weight, queue_bytes);
     }
 
+    /// Sets a service's fair-queuing weight, its queue limit as it was: its share of every
+    /// link its frames leave by, here and (with congestion control) at the forwarders.
+    pub fn set_service_weight(&mut self, service: u16, weight: u32) {
+        self.queues.set_weight(service, weight);
+    }
+
+    /// A service's fair-queuing weight (1 unless set).
+    pub fn service_weight(&self, service: u16) -> u32 {
+        self.queues.weight(service)
+    }
+
+    /// Turns the congestion controller on or off, for every connection at once (the
+    /// switch that lets one run measure both).
+    pub fn set_congestion(&mut self, on: bool) {
+        self.cfg.congestion.on = on;
+        let cc = self.cfg.congestion;
+        for c in self.conns.values_mut() {
+            c.set_congestion(cc);
+        }
+    }
+
+    /// Whether the congestion controller is on.
+    pub fn congestion(&self) -> bool {
+        self.cfg.congestion.on
+    }
+
     /// Whether `service` gets an [`TransportEvent::Acked`] as its reliable messages are acknowledged
     /// (failures are always reported).
     pub fn notify_acks(&mut self, service: u16, on: bool) {

@@ -182,6 +182,7 @@ impl Transport {
                 }
                 let link = conn.next_link(usable)?;
                 grant(&self.pacing, &mut self.starved, conn);
+                conn.cc.set_weight(self.queues.queue(qi).weight());
                 let t = build_data_frame(
                     self.local,
                     &self.cfg,
