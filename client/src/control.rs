@@ -71,6 +71,22 @@ impl Client {
         self.names.lock().remove(name);
     }
 
+    /// Asks for a fair-queuing weight: this application's share of every link its frames
+    /// share with other services' (frames per turn, and with congestion control, its share
+    /// on forwarders' links too). torusd grants at most its node file's `[apps] max_weight`
+    /// and answers with what it granted; it refuses when the node file sets this
+    /// application's weight itself.
+    pub fn request_weight(&self, weight: u32) -> Result<u32, Error> {
+        let v = self.request(
+            json!({"cmd": "weight", "weight": weight}),
+            Duration::from_secs(5),
+        )?;
+        v["weight"]
+            .as_u64()
+            .and_then(|w| u32::try_from(w).ok())
+            .ok_or_else(|| Error::Refused("torusd granted no weight".into()))
+    }
+
     /// Asks for [`Event::Acked`] reports of this application's reliable messages.
     pub fn notify_acks(&self, on: bool) -> Result<(), Error> {
         self.request(

@@ -17,6 +17,9 @@
 //! [dataplane]
 //! xdp_transit = true       # frames passing through forwarded by the XDP program
 //!
+//! [weights]                # services' shares of links, by name (`crate::weights`)
+//! kv = 2
+//!
 //! [view]                   # static view (the control process replaces it)
 //! down_links = ["1,0,0:+y"]
 //! down_servers = []
@@ -31,6 +34,7 @@ use torusnet_proto::topology::{Coord, Dims, Dir, DirSet};
 use torusnet_proto::transport::Config as TransportConfig;
 
 use crate::netns::parse_mac;
+use crate::weights::Weights;
 
 /// Why a configuration was refused: one line naming the field and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +154,9 @@ struct Raw {
     routing: RawRouting,
     #[serde(default)]
     dataplane: RawDataplane,
+    /// Services' fair-queuing weights by name (`crate::weights`).
+    #[serde(default)]
+    weights: std::collections::BTreeMap<String, i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -283,6 +290,8 @@ struct RawApps {
     group: Option<String>,
     /// Most applications at once.
     max: Option<usize>,
+    /// The most weight an application may ask for (`crate::weights`).
+    max_weight: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -322,6 +331,8 @@ pub struct AppsConfig {
     pub group: Option<String>,
     /// At most this many applications at once.
     pub max_apps: usize,
+    /// Services' weights: what applications start with and may ask for.
+    pub weights: Weights,
 }
 
 /// A validated configuration.
@@ -364,6 +375,8 @@ pub struct NodeConfig {
     pub keys_journal: Option<PathBuf>,
     /// Applications in their own processes (`[apps]`): where they attach, who may.
     pub apps: Option<AppsConfig>,
+    /// Services' fair-queuing weights.
+    pub weights: Weights,
     /// The key-value store and its memcached gateway (`[kv]`).
     pub kv: Option<crate::kvgw::KvSettings>,
     /// IP over the torus (`[ip]`).
@@ -442,7 +455,9 @@ impl NodeConfig {
         let socket = raw
             .socket
             .unwrap_or_else(|| PathBuf::from(format!("/run/torusnet/{name}.sock")));
-        let apps = apps_settings(raw.apps, &socket, &name)?;
+        let weights =
+            Weights::new(raw.weights, raw.apps.max_weight).map_err(ConfigError::Invalid)?;
+        let apps = apps_settings(raw.apps, &socket, &name, &weights)?;
         // The same defaults as the control process's (`torusctl daemon`).
         let control = raw.control.as_ref();
         let publishes = control
@@ -482,6 +497,7 @@ impl NodeConfig {
             load_journal: raw.load.journal,
             keys_journal: raw.keys.journal,
             apps,
+            weights,
             kv: kv_settings(raw.kv)?,
             ip: ip_settings(raw.ip, dims)?,
             routing: routing_settings(raw.routing)?,
@@ -633,6 +649,7 @@ fn apps_settings(
     raw: RawApps,
     socket: &std::path::Path,
     name: &str,
+    weights: &Weights,
 ) -> Result<Option<AppsConfig>, ConfigError> {
     let max_apps = raw.max.unwrap_or(64);
     if !(1..=4096).contains(&max_apps) {
@@ -653,6 +670,7 @@ fn apps_settings(
         }),
         group: apps_group,
         max_apps,
+        weights: weights.clone(),
     }))
 }
 
@@ -809,6 +827,21 @@ mod tests {
     }
 
     #[test]
+    fn weights_by_name_reach_built_in_services_and_applications() {
+        let c = NodeConfig::parse(&format!(
+            "{GOOD}\n[weights]\nkv = 3\n\"analytics\" = 5\n[apps]\nmax_weight = 4"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.weights.builtin().collect::<Vec<_>>(),
+            vec![(torusnet_services::kv::KV, 3)]
+        );
+        let apps = c.apps.expect("apps on");
+        assert_eq!(apps.weights.at_attach("analytics"), 5);
+        assert_eq!(apps.weights.grant("other", 9), Ok(4));
+    }
+
+    #[test]
     fn routing_is_off_unless_configured() {
         let c = NodeConfig::parse(GOOD).unwrap();
         assert_eq!(c.routing.source, None);
@@ -838,6 +871,9 @@ mod tests {
             (format!("{GOOD}\n[routing]\nprobe_timeout_ms = 500"), "routing.probe_timeout_ms"),
             (format!("{GOOD}\n[routing]\nlink_gbps = 0"), "routing.link_gbps"),
             (GOOD.replace("mtu = 9000", "mtu = 9000\ntransit_chunks = 9000"), "transit_chunks"),
+            (format!("{GOOD}\n[weights]\nkv = 0"), "weights.kv"),
+            (format!("{GOOD}\n[weights]\nkv = -1"), "weights"),
+            (format!("{GOOD}\n[apps]\nmax_weight = 99"), "apps.max_weight"),
         ];
         for (text, want) in cases {
             let e = NodeConfig::parse(&text).unwrap_err().to_string();

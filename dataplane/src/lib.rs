@@ -27,6 +27,7 @@ pub mod status;
 pub mod transit;
 mod transmit;
 pub mod watch;
+pub mod weights;
 pub mod xdp_object;
 pub mod xdp_transit;
 pub mod xsk;

@@ -472,6 +472,23 @@ fn fault(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     Ok(json!({"ok": true}))
 }
 
+/// `{"cmd":"congestion","on":B}`: the congestion controller on or off in every poller
+/// (every connection's window starts over); without `on`, whether it is on.
+fn congestion(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
+    let shared = with_dp(d, |dp| Ok(dp.shared().clone()))?;
+    match req.get("on") {
+        None => {}
+        Some(Value::Bool(on)) => {
+            shared
+                .push(Command::SetCongestion(*on))
+                .map_err(|_| "torusd is busy (a poller's command queue is full): try again")?;
+            shared.congestion.store(*on, Ordering::Relaxed);
+        }
+        Some(v) => return Err(format!("on: {v} is not true or false")),
+    }
+    Ok(json!({"ok": true, "congestion": shared.congestion.load(Ordering::Relaxed)}))
+}
+
 /// `{"cmd":"routing","mode":"source"|"next-hop","services":[N,...]}`: how this server's
 /// own traffic (or these services') is routed from now on (source routing must be
 /// configured).
@@ -592,6 +609,7 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
         "multicast" => multicast(req, d),
         "aggregate" => aggregate(req, d),
         "fault" => fault(req, d),
+        "congestion" => congestion(req, d),
         "routing" => routing(req, d),
         "send_keys" => send_keys(req, d),
         "keys_seen" => {
@@ -608,7 +626,7 @@ fn handle(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
             Ok(json!({"ok": true}))
         }
         other => Err(format!(
-            "unknown command {other:?} (status, log, kv, ping, bench, multicast, aggregate, fault, routing, send_keys, keys_seen, probe_keys, load, view, shutdown)"
+            "unknown command {other:?} (status, log, kv, ping, bench, multicast, aggregate, fault, congestion, routing, send_keys, keys_seen, probe_keys, load, view, shutdown)"
         )),
     }
 }

@@ -334,6 +334,8 @@ pub struct Status {
     pub links: Vec<LinkStatus>,
     /// Frames passing through are forwarded by the XDP program (`[dataplane] xdp_transit`).
     pub xdp_transit: bool,
+    /// Windows follow the fabric's telemetry (`[transport] congestion`, or switched).
+    pub congestion: bool,
     /// Engine counters.
     pub engine: EngineSnapshot,
     /// Applications attached from their own processes.
@@ -375,6 +377,8 @@ pub struct AppStatus {
     pub uid: u32,
     /// Seconds since it attached.
     pub attached_s: f64,
+    /// Its fair-queuing weight: frames per turn on a link it shares.
+    pub weight: u32,
     /// Messages it sent.
     pub sent: u64,
     /// Messages delivered to it.

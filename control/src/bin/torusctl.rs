@@ -274,6 +274,16 @@ enum Cmd {
         #[arg(long, default_value_t = 0.0)]
         reorder: f64,
     },
+    /// Turn the congestion controller on or off in a running torusd (every connection's
+    /// window starts over), or say whether it is on.
+    Congestion {
+        /// torusd's management socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// on or off (absent: ask).
+        #[arg(value_parser = ["on", "off"])]
+        state: Option<String>,
+    },
     /// Switch how this server's own reliable traffic is routed: by source routes chosen by
     /// probing (BSR) or by link-state next hops. Needs `[routing] mode` set in the node file.
     Routing {
@@ -583,6 +593,13 @@ fn run(cmd: Cmd) -> Result<String, String> {
             let req = serde_json::json!({"cmd": "routing", "mode": mode, "services": services});
             return dpclient::request(&socket, &req, Duration::from_secs(10))
                 .map(|v| v.to_string());
+        }
+        Cmd::Congestion { socket, state } => {
+            let req = match state.as_deref() {
+                Some(s) => serde_json::json!({"cmd": "congestion", "on": s == "on"}),
+                None => serde_json::json!({"cmd": "congestion"}),
+            };
+            return dpclient::request(&socket, &req, Duration::from_secs(5)).map(|v| v.to_string());
         }
         Cmd::Fault {
             socket,

@@ -7,6 +7,8 @@
 //! channel's memfd, the eventfd torusd signals, the eventfd that wakes torusd), or
 //! `{"error":...}` and closes. Then: `{"cmd":"resolve","name":N,"timeout_ms":T}` ->
 //! `{"locations":[{"server":[x,y,z],"service":ID}...]}`, `{"cmd":"notify_acks","on":B}`,
+//! `{"cmd":"weight","weight":W}` -> `{"ok":true,"weight":GRANTED,"max_weight":M}` (the
+//! service's share of links, within the node file's limits: `crate::weights`),
 //! `{"cmd":"status"}`. Closing the connection detaches the application.
 
 use std::io::Write;
@@ -24,6 +26,7 @@ use torusnet_services::names::{NamesRequest, MAX_NAME, NAMES};
 
 use crate::config::AppsConfig;
 use crate::shared::{AppInfo, Command, NewApp, Shared};
+use crate::weights::Weights;
 
 /// Binds the application socket and serves it from a thread until torusd stops; the
 /// thread, which removes the socket file as it ends.
@@ -107,7 +110,7 @@ fn serve(s: UnixStream, cfg: &AppsConfig, gid: Option<u32>, shared: &Arc<Shared>
     // Held for the application's life: requests come rarely, or never.
     let _ = s.set_read_timeout(None);
     while let Some(req) = read_request(&s) {
-        let answer = request(&req, &info, shared);
+        let answer = request(&req, &info, &cfg.weights, shared);
         if !say(&s, &answer) {
             break;
         }
@@ -230,6 +233,7 @@ fn attach(
         dead: Default::default(),
         closed_why: Default::default(),
         counters: Default::default(),
+        weight: cfg.weights.at_attach(name).into(),
     });
     enlist(shared, cfg, &info)?;
     let fail = |e: String| {
@@ -276,6 +280,14 @@ fn attach(
             "torusd is busy (its first poller's command queue is full): try again".into(),
         ));
     }
+    // Its weight, in every poller, before it can send: an earlier application of the same
+    // name may have asked for another.
+    let weight = info.weight.load(Ordering::Relaxed);
+    if shared.push(Command::SetWeight(service, weight)).is_err() {
+        return Err(fail(
+            "torusd is busy (a poller's command queue is full): try again".into(),
+        ));
+    }
     let answer = json!({
         "ok": true,
         "service": service,
@@ -316,7 +328,7 @@ fn wait_adopted(info: &AppInfo, shared: &Arc<Shared>) -> Result<(), String> {
     Ok(())
 }
 
-fn request(req: &Value, info: &AppInfo, shared: &Arc<Shared>) -> Value {
+fn request(req: &Value, info: &AppInfo, weights: &Weights, shared: &Arc<Shared>) -> Value {
     match req.get("cmd").and_then(Value::as_str) {
         Some("resolve") => {
             let Some(name) = req.get("name").and_then(Value::as_str) else {
@@ -350,11 +362,27 @@ fn request(req: &Value, info: &AppInfo, shared: &Arc<Shared>) -> Value {
                 Err(_) => json!({"error": "torusd is busy: try again"}),
             }
         }
+        Some("weight") => {
+            let Some(asked) = req.get("weight").and_then(Value::as_u64) else {
+                return json!({"error": "weight: missing \"weight\" (1 or more)"});
+            };
+            match weights.grant(&info.name, asked) {
+                Err(e) => json!({"error": e}),
+                Ok(w) => match shared.push(Command::SetWeight(info.service, w)) {
+                    Ok(()) => {
+                        info.weight.store(w, Ordering::Relaxed);
+                        json!({"ok": true, "weight": w, "max_weight": weights.max_app()})
+                    }
+                    Err(_) => json!({"error": "torusd is busy: try again"}),
+                },
+            }
+        }
         Some("status") => json!({
             "name": info.name,
             "service": info.service,
+            "weight": info.weight.load(Ordering::Relaxed),
             "closed": *info.closed_why.lock(),
         }),
-        _ => json!({"error": "unknown request (resolve, notify_acks, status)"}),
+        _ => json!({"error": "unknown request (resolve, notify_acks, weight, status)"}),
     }
 }

@@ -67,6 +67,8 @@ impl Poller {
                 }
             }
             Command::NotifyAcks(service, on) => self.node.notify_acks(service, on),
+            Command::SetWeight(service, weight) => self.node.set_service_weight(service, weight),
+            Command::SetCongestion(on) => self.node.set_congestion(on),
             Command::Deliver(service, e) => {
                 let _ = self.dispatch(service, e);
             }

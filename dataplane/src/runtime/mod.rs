@@ -154,6 +154,7 @@ impl Dataplane {
             uptime_s: s.started.elapsed().as_secs_f64(),
             links,
             xdp_transit: s.xdp.as_ref().is_some_and(|x| x.lock().is_on()),
+            congestion: s.congestion.load(Ordering::Relaxed),
             engine,
             apps: s.apps.status(),
             services: s.hosted.ids(),

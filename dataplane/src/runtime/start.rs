@@ -70,6 +70,7 @@ pub(super) fn shared(
             .map(|_| Arc::new(torusnet_services::kv::KvCounters::default())),
         kv_gateway: Mutex::new(None),
         commands_dropped: AtomicU64::new(0),
+        congestion: std::sync::atomic::AtomicBool::new(cfg.transport.congestion.on),
         xdp: Some(Mutex::new(transit)),
         rmem: std::sync::OnceLock::new(),
         ip: cfg
@@ -192,6 +193,9 @@ fn engine(
     // A few dozen chunks queued: the service keeps the rest until there is room.
     node.configure_service(torusnet_services::multicast::MCAST, 1, 4 << 20);
     node.configure_service(torusnet_services::aggregate::AGG, 1, 4 << 20);
+    for (service, weight) in cfg.weights.builtin() {
+        node.set_service_weight(service, weight);
+    }
     Ok(node)
 }
 

@@ -62,6 +62,8 @@ pub struct AppInfo {
     pub closed_why: Mutex<Option<String>>,
     /// Its counters.
     pub counters: AppCounters,
+    /// Its fair-queuing weight (`crate::weights`).
+    pub weight: std::sync::atomic::AtomicU32,
 }
 
 /// A channel ready for the host to adopt.
@@ -110,6 +112,7 @@ impl AppsRegistry {
                 pid: a.pid,
                 uid: a.uid,
                 attached_s: a.attached.elapsed().as_secs_f64(),
+                weight: a.weight.load(Ordering::Relaxed),
                 sent: g(&a.counters.sent),
                 received: g(&a.counters.received),
                 acked: g(&a.counters.acked),

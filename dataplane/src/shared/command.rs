@@ -45,6 +45,10 @@ pub enum Command {
     },
     /// Report acknowledgements of `service`'s reliable messages to it (or stop).
     NotifyAcks(u16, bool),
+    /// Service `u16`'s fair-queuing weight is now `u32` (`crate::weights`).
+    SetWeight(u16, u32),
+    /// The congestion controller on or off, for every connection.
+    SetCongestion(bool),
     /// An event for service `u16`, from a poller that does not host it.
     Deliver(u16, Event),
     /// An event every service hears of, from a poller that hosts none.
@@ -73,6 +77,8 @@ impl std::fmt::Debug for Command {
             Command::SetView(..) => f.write_str("SetView"),
             Command::Request { service, .. } => write!(f, "Request({service})"),
             Command::NotifyAcks(s, on) => write!(f, "NotifyAcks({s}, {on})"),
+            Command::SetWeight(s, w) => write!(f, "SetWeight({s}, {w})"),
+            Command::SetCongestion(on) => write!(f, "SetCongestion({on})"),
             Command::Deliver(s, _) => write!(f, "Deliver({s})"),
             Command::Broadcast(_) => f.write_str("Broadcast"),
             Command::LinkCarrier(d, up) => write!(f, "LinkCarrier({d}, {up})"),
@@ -93,11 +99,14 @@ pub enum Handoff {
 
 impl Command {
     /// Copies, as many as taken, of a command every poller runs (a view: each acknowledges
-    /// on the same channel; acknowledgement reports on or off); none of other commands.
+    /// on the same channel; acknowledgement reports on or off; a weight; congestion control
+    /// on or off); none of other commands.
     pub(crate) fn fan_out(&self) -> impl Iterator<Item = Command> + '_ {
         std::iter::from_fn(move || match self {
             Command::SetView(v, macs, ack) => Some(Command::SetView(v.clone(), *macs, ack.clone())),
             Command::NotifyAcks(id, on) => Some(Command::NotifyAcks(*id, *on)),
+            Command::SetWeight(id, w) => Some(Command::SetWeight(*id, *w)),
+            Command::SetCongestion(on) => Some(Command::SetCongestion(*on)),
             _ => None,
         })
     }

@@ -103,6 +103,9 @@ pub struct Shared {
     /// the answer (a name's unregistration after its application left, a fan-out that lost
     /// a race for the last places).
     pub(crate) commands_dropped: AtomicU64,
+    /// Whether the congestion controller is on in every poller (`[transport] congestion`,
+    /// switched at run time by the management socket).
+    pub congestion: AtomicBool,
     /// The XDP program of every link, and the transit maps it forwards from (none in a
     /// detached state).
     pub xdp: Option<Mutex<crate::xdp_transit::XdpTransit>>,
@@ -128,7 +131,10 @@ impl Shared {
                 ..
             } => self.shard_of(*d),
             Command::SetFault { dir, .. } => self.link_shard[usize::from(dir.index())].unwrap_or(0),
-            Command::SetView(..) | Command::NotifyAcks(..) => {
+            Command::SetView(..)
+            | Command::NotifyAcks(..)
+            | Command::SetWeight(..)
+            | Command::SetCongestion(..) => {
                 // Room first: a fan-out half done would leave pollers disagreeing.
                 if self.shards.iter().any(|s| s.commands.is_full()) {
                     return Err(c);
@@ -183,6 +189,7 @@ impl Shared {
             rmem: std::sync::OnceLock::new(),
             kv_gateway: Mutex::new(None),
             commands_dropped: AtomicU64::new(0),
+            congestion: AtomicBool::new(false),
             xdp: None,
         })
     }

@@ -66,6 +66,7 @@ fn run_channel(data: &[u8]) -> Option<(u64, u64)> {
         dead: Default::default(),
         closed_why: Default::default(),
         counters: Default::default(),
+        weight: 1.into(),
     });
     let shared = Arc::new(shared);
     let app = NewApp {
