@@ -325,12 +325,13 @@ impl Poller {
             busy |= moved != self.xdp_moved[i];
             self.xdp_moved[i] = moved;
             self.node.set_link_load(dir, load);
-            self.links.set_level(i, load.level());
+            let level = load.level(u64::from(crate::transmit::BATCH));
+            self.links.set_level(i, level);
             if let Some(x) = xdp.as_mut() {
                 let was = x.maps().congested.contains(dir);
                 let marked = x
                     .set_congested(dir, transit::congested(&load, was))
-                    .and_then(|()| x.set_level(dir, load.level()));
+                    .and_then(|()| x.set_level(dir, level));
                 if let Err(e) = marked {
                     tracing::warn!("XDP program: {e}");
                 }

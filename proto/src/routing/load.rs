@@ -58,9 +58,15 @@ pub fn level(tx_permille: u64, queue_milli: u64) -> u8 {
 }
 
 impl LinkLoad {
-    /// This load as a telemetry level ([`level`]).
-    pub fn level(&self) -> u8 {
-        level(self.tx_permille(), self.queue_milli)
+    /// This load as a telemetry level ([`level`]), not counting as queue the first
+    /// `batch_frames` frames of it: frames a driver puts out in batches (an AF_XDP transmit
+    /// ring the kernel drains a batch per kick, its completions reaped a batch at a time)
+    /// wait that many without any link being behind.
+    pub fn level(&self, batch_frames: u64) -> u8 {
+        level(
+            self.tx_permille(),
+            self.queue_milli.saturating_sub(batch_frames * 1000),
+        )
     }
 }
 
