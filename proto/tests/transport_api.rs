@@ -445,3 +445,37 @@ fn messages_for_services_nobody_hosts_are_reported_to_their_senders() {
     pump(&mut a, &mut b, t);
     assert_eq!(messages(&mut b), [(9, b"i".to_vec())]);
 }
+
+#[test]
+fn a_small_message_does_not_wait_for_a_bulk_flows_congestion_window() {
+    let mut cfg = Config::default();
+    cfg.congestion.on = true;
+    let (mut a, _b) = pair(cfg);
+    let t = Time::ZERO;
+    for _ in 0..20 {
+        a.send(t, msg(&[1; 1400], 1)).unwrap();
+    }
+    let mut buf = vec![0u8; 1514];
+    let mut bulk = 0;
+    while a
+        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf, None)
+        .is_some()
+    {
+        bulk += 1;
+    }
+    assert_eq!(
+        bulk, cfg.congestion.initial_window,
+        "the window opens at its start"
+    );
+    // A request from another service goes now, past the full congestion window; the bulk
+    // flow's next frame still waits for an acknowledgement.
+    a.send(t, msg(&[2; 64], 2)).unwrap();
+    let tx = a
+        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf, None)
+        .expect("the small message is framed");
+    let v = FrameView::new_checked(&buf[..tx.len]).unwrap();
+    assert_eq!(Header::parse(&v).unwrap().service, 2);
+    assert!(a
+        .poll_transmit(t, LinkSet::first(1), &one_link, &mut buf, None)
+        .is_none());
+}

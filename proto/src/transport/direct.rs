@@ -138,7 +138,7 @@ impl Transport {
             return self.send(now, m).map(|()| None);
         }
         let usable = paths.links_for(m.dest, m.from).and(room);
-        let link = if conn.send.can_send() && buf.len() >= ETH_LEN + self.cfg.mtu {
+        let link = if conn.send.can_send(false) && buf.len() >= ETH_LEN + self.cfg.mtu {
             conn.next_link(usable)
         } else {
             None

@@ -81,7 +81,7 @@ use lifecycle::{LifecycleConfig, SyncOutcome};
 pub use notice::NOTICES;
 use pacing::RxPacing;
 use receiver::{Arrival, RecvConfig};
-use sender::SendConfig;
+use sender::{SendConfig, SMALL_FRAME};
 use tags::TagRun;
 
 use crate::rng::SplitMix64;

@@ -68,6 +68,13 @@ pub struct SendWindow {
     cwnd: u64,
 }
 
+/// Frames a small frame may go past a full congestion window.
+pub const SMALL_HEADROOM: u64 = 4;
+
+/// Message bytes (headers included) up to which a frame counts as small for
+/// [`SendWindow::can_send`].
+pub const SMALL_FRAME: usize = 512;
+
 impl SendWindow {
     /// An empty window starting at sequence number 0.
     pub fn new(cfg: SendConfig) -> SendWindow {
@@ -96,9 +103,17 @@ impl SendWindow {
     }
 
     /// Whether the window has room for one more new frame: ours, and the receive window
-    /// the peer last granted.
-    pub fn can_send(&self) -> bool {
-        self.next - self.una < self.cwnd && self.peer_edge.is_none_or(|e| self.next < e)
+    /// the peer last granted. A `small` frame (a request, an answer: [`SMALL_FRAME`]) may
+    /// go [`SMALL_HEADROOM`] frames past a full congestion window, so it does not wait for
+    /// room a bulk flow to the same peer keeps taking; never past the window itself.
+    #[inline(always)]
+    pub fn can_send(&self, small: bool) -> bool {
+        let cwnd = if small {
+            (self.cwnd + SMALL_HEADROOM).min(u64::from(self.cfg.window))
+        } else {
+            self.cwnd
+        };
+        self.next - self.una < cwnd && self.peer_edge.is_none_or(|e| self.next < e)
     }
 
     /// The peer granted `rwnd` frames in its SYNC, before acknowledging anything: past
@@ -388,16 +403,30 @@ mod tests {
     }
 
     #[test]
+    fn a_small_frame_passes_a_full_congestion_window_by_a_few() {
+        let mut w = win();
+        w.set_cwnd(1);
+        w.on_sent(ms(0), vec![1]);
+        assert!(!w.can_send(false));
+        // Within the window (4 here): the headroom is cut to it.
+        for _ in 0..3 {
+            assert!(w.can_send(true));
+            w.on_sent(ms(0), vec![1]);
+        }
+        assert!(!w.can_send(true));
+    }
+
+    #[test]
     fn window_fills_and_acks_retire() {
         let mut w = win();
         let mut pool = BufferPool::new(8);
         for _ in 0..4 {
-            assert!(w.can_send());
+            assert!(w.can_send(false));
             w.on_sent(ms(0), vec![1, 2, 3]);
         }
-        assert!(!w.can_send());
+        assert!(!w.can_send(false));
         assert_eq!(w.on_ack(ms(0), 2, None, false, &mut pool), Some(2));
-        assert!(w.can_send());
+        assert!(w.can_send(false));
         assert_eq!(w.in_flight(), 2);
         assert_eq!(
             w.on_ack(ms(0), 99, None, false, &mut pool),

@@ -73,7 +73,7 @@ impl Transport {
             };
             let usable = paths.links_to(peer).and(room);
             let established = c.life.established();
-            let piggyback_soon = c.queued > 0 && c.send.can_send() && !c.recv.ack_overdue(now);
+            let piggyback_soon = c.queued > 0 && c.send.can_send(false) && !c.recv.ack_overdue(now);
             let sync = c.life.sync_due(now);
             let nack = established && c.recv.nack_due(now);
             let ack =
@@ -177,7 +177,8 @@ impl Transport {
                 let Some(conn) = self.conns.get_mut(&head.dest) else {
                     continue;
                 };
-                if !(conn.life.established() && conn.send.can_send()) {
+                let small = MSG_HEADER_LEN + head.len as usize <= SMALL_FRAME;
+                if !(conn.life.established() && conn.send.can_send(small)) {
                     continue;
                 }
                 let link = conn.next_link(usable)?;
