@@ -301,6 +301,18 @@ fn churn_on_real_daemons_misdelivers_nothing() {
     let dir = root().join("target/e2e-reports");
     let _ = std::fs::create_dir_all(&dir);
     let _ = std::fs::write(dir.join("churn.json"), format!("{report:#}\n"));
+    // A misdelivery's story is in the logs of the server that took the message and of the
+    // root it should have reached (each torusd logs every view it adopts, with the time):
+    // kept, since the torus and its logs go when the test ends.
+    for (_, at, _, then) in wrong.iter().take(3) {
+        for c in std::iter::once(*at).chain(*then) {
+            let stem = c.to_string().replace(',', "-");
+            for daemon in ["torusd", "control"] {
+                let name = format!("{stem}-{daemon}.log");
+                let _ = std::fs::copy(t.dir().join(&name), dir.join(format!("churn-{name}")));
+            }
+        }
+    }
     eprintln!("churn on real daemons: {report}");
     // A kill every 1.2 s on average while fewer than four are down: about 0.68 a second.
     assert!(
