@@ -138,6 +138,11 @@ int torus_respond(torus_client *c, torus_addr to, uint64_t call, const void *dat
 /* Asks for (or stops) TORUS_EV_ACKED reports. */
 int torus_notify_acks(torus_client *c, int on);
 
+/* Asks for fair-queuing weight `weight` (this application's share of links it shares); the
+ * weight torusd granted, at most its node file's [apps] max_weight, goes to *granted.
+ * Refused (TORUS_EREFUSED) when the node file sets this application's weight itself. */
+int torus_request_weight(torus_client *c, uint32_t weight, uint32_t *granted);
+
 /* Posts a return buffer of len bytes in this application's memory. */
 int torus_post_buffer(torus_client *c, uint32_t len, torus_buffer *out);
 /* Sends into another application's posted buffer (its descriptor came in a message). */

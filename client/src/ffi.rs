@@ -647,6 +647,36 @@ pub unsafe extern "C" fn torus_notify_acks(c: *mut torus_client, on: c_int) -> c
     })
 }
 
+/// Asks for fair-queuing weight `weight`; the weight granted (at most the node file's
+/// `[apps] max_weight`) goes to `*granted`.
+///
+/// # Safety
+/// `c` live, `granted` writable.
+#[no_mangle]
+pub unsafe extern "C" fn torus_request_weight(
+    c: *mut torus_client,
+    weight: u32,
+    granted: *mut u32,
+) -> c_int {
+    guard(TORUS_EINVAL, || {
+        // SAFETY: by contract.
+        let Some(c) = (unsafe { c.as_ref() }) else {
+            return invalid("null client");
+        };
+        if granted.is_null() {
+            return invalid("null granted");
+        }
+        match c.c.request_weight(weight) {
+            Ok(w) => {
+                // SAFETY: checked non-null; writable by contract.
+                unsafe { granted.write(w) };
+                0
+            }
+            Err(e) => code(e),
+        }
+    })
+}
+
 /// Posts a return buffer of `len` bytes; its descriptor goes to `*out`.
 ///
 /// # Safety

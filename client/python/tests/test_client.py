@@ -100,6 +100,15 @@ def test_resolve_reliable_short_and_call(torus):
         assert c.call(at[0], b"question") == b"question"
 
 
+def test_weights_are_granted_within_the_operators_limit(torus):
+    with torusnet.Client(sock("0-0-0"), "py-w") as c:
+        assert c.request_weight(3) == 3
+        # Beyond [apps] max_weight (8 unless the node file says otherwise): the limit.
+        assert c.request_weight(1000) == 8
+        with pytest.raises(torusnet.TorusError):
+            c.request_weight(0)
+
+
 def test_acknowledgements_and_failures(torus):
     with torusnet.Client(sock("0-0-0"), "py-c") as c:
         c.notify_acks(True)

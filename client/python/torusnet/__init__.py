@@ -143,6 +143,7 @@ _lib.torus_call.argtypes = [_P, ctypes.POINTER(_Dest), ctypes.c_char_p, ctypes.c
                             ctypes.c_int]
 _lib.torus_respond.argtypes = [_P, _Addr, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
 _lib.torus_notify_acks.argtypes = [_P, ctypes.c_int]
+_lib.torus_request_weight.argtypes = [_P, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
 _lib.torus_post_buffer.argtypes = [_P, ctypes.c_uint32, ctypes.POINTER(_Buffer)]
 _lib.torus_send_to_buffer.argtypes = [_P, ctypes.POINTER(_Buffer), ctypes.c_char_p,
                                       ctypes.c_size_t, ctypes.c_uint,
@@ -282,6 +283,14 @@ class Client:
     def notify_acks(self, on: bool = True) -> None:
         """Asks for ACKED events for this application's reliable messages."""
         _check(_lib.torus_notify_acks(self._c, 1 if on else 0))
+
+    def request_weight(self, weight: int) -> int:
+        """Asks for fair-queuing weight `weight` (this application's share of the links it
+        shares with other services); returns the weight granted, at most the node file's
+        `[apps] max_weight`."""
+        granted = ctypes.c_uint32()
+        _check(_lib.torus_request_weight(self._c, weight, ctypes.byref(granted)))
+        return granted.value
 
     def post_buffer(self, length: int) -> Buffer:
         """Posts a return buffer of `length` bytes; returns its Buffer descriptor."""
