@@ -99,14 +99,23 @@ fn coordinates_from_the_wiring_plan_and_a_miswired_cable() {
                 .unwrap();
         assert_eq!(persisted.trim(), c, "persisted");
     }
-    let v = t.control("0,0,0").unwrap();
-    let px = v["links"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["ifname"] == "px")
-        .unwrap()
-        .clone();
+    // The coordinates can be settled through other cables before a hello has crossed the
+    // miswired one (its state is "down" until then, no hello heard): wait for one.
+    let start = Instant::now();
+    let (v, px) = loop {
+        let v = t.control("0,0,0").unwrap();
+        let px = v["links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["ifname"] == "px")
+            .unwrap()
+            .clone();
+        if px["state"] != "down" || start.elapsed() > Duration::from_secs(10) {
+            break (v, px);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert_eq!(px["state"], "miswired", "{px}");
     let why = px["miswired"].as_str().unwrap();
     assert!(
@@ -115,9 +124,18 @@ fn coordinates_from_the_wiring_plan_and_a_miswired_cable() {
     );
     let problems = v["problems"].to_string();
     assert!(problems.contains("MISWIRED interface px (+x): expected the neighbour to call this link -x, it calls it +y"), "{problems}");
-    let v = t.control("1,0,0").unwrap();
-    let problems = v["problems"].to_string();
-    assert!(problems.contains("MISWIRED interface py (+y): expected the neighbour to call this link -y, it calls it +x"), "{problems}");
+    // 1,0,0 tells the same from its side once a hello from 0,0,0 has crossed.
+    let want =
+        "MISWIRED interface py (+y): expected the neighbour to call this link -y, it calls it +x";
+    let start = Instant::now();
+    let problems = loop {
+        let problems = t.control("1,0,0").unwrap()["problems"].to_string();
+        if problems.contains(want) || start.elapsed() > Duration::from_secs(10) {
+            break problems;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(problems.contains(want), "{problems}");
 }
 
 #[test]
