@@ -22,6 +22,7 @@
 use std::collections::BTreeMap;
 
 use torusnet_services::builtin::{BENCH, KEYS, LOAD, PING};
+use torusnet_services::names::{is_service_name, MAX_NAME};
 
 /// The heaviest weight anyone may set: a service with it sends 64 frames a turn.
 pub const MAX_WEIGHT: u32 = 64;
@@ -68,9 +69,9 @@ impl Weights {
             else {
                 return Err(format!("weights.{name}: {w} is outside 1..={MAX_WEIGHT}"));
             };
-            if name.is_empty() || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            if !is_service_name(name) {
                 return Err(format!(
-                    "weights: {name:?} is not a service name (no spaces or control characters)"
+                    "weights: {name:?} is not a service name (1..={MAX_NAME} bytes, no spaces or control characters)"
                 ));
             }
             checked.insert(name.clone(), w);

@@ -30,6 +30,14 @@ pub const NAMES: u16 = 5;
 
 /// Longest name.
 pub const MAX_NAME: usize = 255;
+
+/// Whether `name` may name a service: 1..=[`MAX_NAME`] bytes, no spaces or control
+/// characters (what an application attaches with, and what a node file weighs).
+pub fn is_service_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && !name.chars().any(|c| c.is_control() || c.is_whitespace())
+}
 const MAX_NAMES: usize = 1 << 16;
 const MAX_HOSTS: usize = 256;
 

@@ -71,12 +71,12 @@ pub(crate) fn share(
     c.rate_bps = (gbps * 1e9) as u64;
     let rate = c.rate_bps;
     let mut sim = Sim::with_threads(c, 1)?;
-    let index = |x: u16| usize::from(x);
+    // Servers on the row y = z = 0: server (x, 0, 0) is index x.
     let (senders, rx): ([usize; 3], Coord) = match place {
-        Place::Sender => ([index(0); 3], Coord::new(1, 0, 0)),
-        Place::Transit => ([index(0), index(1), index(2)], Coord::new(3, 0, 0)),
+        Place::Sender => ([0; 3], Coord::new(1, 0, 0)),
+        Place::Transit => ([0, 1, 2], Coord::new(3, 0, 0)),
     };
-    let rx_i = index(rx.x);
+    let rx_i = usize::from(rx.x);
     for (k, &s) in senders.iter().enumerate() {
         sim.node_mut(s)
             .configure_service(SERVICES[k], weights[k], 1 << 20);

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use torusnet_client::channel::{self, Geometry, Region};
 use torusnet_client::sys;
-use torusnet_services::names::{NamesRequest, MAX_NAME, NAMES};
+use torusnet_services::names::{is_service_name, NamesRequest, MAX_NAME, NAMES};
 
 use crate::config::AppsConfig;
 use crate::shared::{AppInfo, Command, NewApp, Shared};
@@ -176,10 +176,7 @@ fn attach_name(req: &Value) -> Result<&str, String> {
         .get("name")
         .and_then(Value::as_str)
         .ok_or("attach: missing \"name\"")?;
-    if name.is_empty()
-        || name.len() > MAX_NAME
-        || name.chars().any(|c| c.is_control() || c.is_whitespace())
-    {
+    if !is_service_name(name) {
         return Err(format!(
             "bad service name {name:?}: 1..={MAX_NAME} bytes, no spaces or control characters"
         ));

@@ -242,11 +242,6 @@ impl Node {
         self.transport.set_service_weight(service, weight);
     }
 
-    /// A service's fair-queuing weight (1 unless set).
-    pub fn service_weight(&self, service: u16) -> u32 {
-        self.transport.service_weight(service)
-    }
-
     /// The next time `handle_timeout` must run.
     pub fn poll_timeout(&self) -> Option<Time> {
         let source = if self.source_used {
@@ -316,11 +311,6 @@ impl Node {
     /// Turns the congestion controller on or off for every connection.
     pub fn set_congestion(&mut self, on: bool) {
         self.transport.set_congestion(on);
-    }
-
-    /// Whether the congestion controller is on.
-    pub fn congestion(&self) -> bool {
-        self.transport.congestion()
     }
 
     /// Whether `service` gets [`Event::Acked`] reports.

@@ -484,14 +484,6 @@ impl FairQueue {
         self.queues[i].weight = weight.max(1);
     }
 
-    /// A service's weight (1 for a service never configured).
-    pub fn weight(&self, service: u16) -> u32 {
-        self.index
-            .get(&service)
-            .and_then(|&i| self.queues.get(i))
-            .map_or(1, |q| q.weight)
-    }
-
     /// Takes every service's weight and limit from `other` (a queue being replaced).
     pub fn take_settings(&mut self, other: &FairQueue) {
         for q in &other.queues {

@@ -20,11 +20,6 @@ impl Transport {
         self.queues.set_weight(service, weight);
     }
 
-    /// A service's fair-queuing weight (1 unless set).
-    pub fn service_weight(&self, service: u16) -> u32 {
-        self.queues.weight(service)
-    }
-
     /// Turns the congestion controller on or off, for every connection at once (the
     /// switch that lets one run measure both).
     pub fn set_congestion(&mut self, on: bool) {
@@ -33,11 +28,6 @@ impl Transport {
         for c in self.conns.values_mut() {
             c.set_congestion(cc);
         }
-    }
-
-    /// Whether the congestion controller is on.
-    pub fn congestion(&self) -> bool {
-        self.cfg.congestion.on
     }
 
     /// Whether `service` gets an [`TransportEvent::Acked`] as its reliable messages are acknowledged
