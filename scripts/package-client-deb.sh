@@ -99,6 +99,7 @@ Libs: -L\${libdir} -ltorusnet_client
 Cflags: -I\${includedir}
 PC
 install -m 0644 client/examples/c/echo.c "$dev/usr/share/doc/libtorusnet-client-dev/examples/echo.c"
+install -m 0644 client/examples/c/rmem.c "$dev/usr/share/doc/libtorusnet-client-dev/examples/rmem.c"
 copyright "$dev" libtorusnet-client-dev
 cat > "$dev/DEBIAN/control" <<CONTROL
 Package: libtorusnet-client-dev

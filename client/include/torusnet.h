@@ -126,6 +126,9 @@ int torus_recv(torus_client *c, torus_event *ev, void *buf, size_t cap, int time
 /* The servers hosting service `name`: up to max addresses, returns how many. */
 int torus_resolve(torus_client *c, const char *name, torus_addr *out, size_t max,
                   int timeout_ms);
+/* Forgets what torus_resolve (or a send to a name) cached for `name`. A failure that says
+ * the service is gone from a server (no service, unreachable, restarted) forgets it too. */
+int torus_forget(torus_client *c, const char *name);
 
 /* Request/response: sends req, waits for the reply (copied into resp, length in
  * *resp_len). */
@@ -151,6 +154,76 @@ int torus_send_to_buffer(torus_client *c, const torus_buffer *b, const void *dat
 /* Copies a filled buffer (len from its TORUS_EV_BUFFER_FILLED) out and frees it; returns
  * the bytes copied. */
 int torus_read_buffer(torus_client *c, uint32_t id, void *out, size_t len);
+
+/* Remote memory: an application registers regions of its memory, hands out capabilities
+ * (40 plain bytes: send them in any message), and reads and writes other applications'
+ * regions without their taking part. Every operation ends in one TORUS_EV_REMOTE_DONE
+ * (reason = a TORUS_RM_* status, count = bytes) by torusd's deadline, or is waited for
+ * with torus_wait_remote. */
+#define TORUS_READ   1u /* rights */
+#define TORUS_WRITE  2u
+#define TORUS_NOTIFY 8u /* remote flag (with TORUS_BWD_FENCE, TORUS_FWD_FENCE): tell the
+                           region's owner (TORUS_EV_WRITTEN) when the write has landed */
+
+#define TORUS_RM_OK          0
+#define TORUS_RM_BAD_COOKIE  1 /* no such capability at the target */
+#define TORUS_RM_REVOKED     2
+#define TORUS_RM_EXPIRED     3
+#define TORUS_RM_OUT_OF_RANGE 4
+#define TORUS_RM_NO_RIGHT    5
+#define TORUS_RM_NO_REGION   6 /* deregistered, or its owner exited */
+#define TORUS_RM_PEER_FAILED 7
+#define TORUS_RM_TIMEOUT     8
+#define TORUS_RM_INVALID     9
+
+#define TORUS_CAP_LEN 40
+typedef struct {
+    uint8_t bytes[TORUS_CAP_LEN];
+} torus_cap;
+
+/* A region of this application's memory. The client checks one handed back against what it
+ * registered: an altered copy is refused (TORUS_EINVAL / TORUS_EREFUSED). */
+typedef struct {
+    uint32_t id;
+    uint64_t pool_offset;
+    uint64_t len;
+    torus_cap cap; /* for all of it: narrow it before handing it out */
+} torus_region;
+
+/* Registers len bytes of this application's memory, accessible with `rights`. */
+int torus_register_region(torus_client *c, uint64_t len, unsigned rights, torus_region *out);
+/* Deregisters it: every capability for it dies. */
+int torus_deregister_region(torus_client *c, const torus_region *r);
+/* A capability for len bytes at offset of cap with at most `rights`, valid for ttl_s seconds
+ * (0: until revoked). Only the region's owner may narrow. */
+int torus_narrow(torus_client *c, const torus_cap *cap, uint64_t offset, uint64_t len,
+                 unsigned rights, uint32_t ttl_s, torus_cap *out);
+/* Revokes cap and every capability narrowed from it. */
+int torus_revoke(torus_client *c, const torus_cap *cap);
+/* Arms a tripwire on len bytes at offset of r: a remote write touching them raises
+ * TORUS_EV_TRIPWIRE with tag = *id. */
+int torus_arm_tripwire(torus_client *c, const torus_region *r, uint64_t offset, uint64_t len,
+                       uint64_t *id);
+int torus_disarm_tripwire(torus_client *c, const torus_region *r, uint64_t id);
+/* Writes len bytes at offset of what cap grants; the operation's handle goes to *op. */
+int torus_remote_write(torus_client *c, const torus_cap *cap, uint64_t offset,
+                       const void *data, size_t len, unsigned flags, uint64_t *op);
+/* Reads len bytes at offset of what cap grants into this application's region `into` at
+ * `at`. */
+int torus_remote_read(torus_client *c, const torus_cap *cap, uint64_t offset, uint64_t len,
+                      const torus_region *into, uint64_t at, unsigned flags, uint64_t *op);
+/* Waits for operation op to end (timeout_ms negative: its own deadline): 0 with its
+ * TORUS_RM_* status in *status and the bytes moved in *moved, or TORUS_ETIMEDOUT. Other
+ * events meanwhile are kept for torus_recv. */
+int torus_wait_remote(torus_client *c, uint64_t op, int timeout_ms, int *status,
+                      uint64_t *moved);
+/* A TORUS_RM_* status's name ("ok", "revoked", ...). */
+const char *torus_rm_status_name(int status);
+/* Copies bytes into (out of) this application's own region r at offset. */
+int torus_region_write(torus_client *c, const torus_region *r, uint64_t offset,
+                       const void *data, size_t len);
+int torus_region_read(torus_client *c, const torus_region *r, uint64_t offset, void *out,
+                      size_t len);
 
 #ifdef __cplusplus
 }

@@ -59,6 +59,9 @@ pub(crate) struct Pool {
     pub(crate) next: u64,
     pub(crate) free: Vec<(u64, u32)>,
     pub(crate) buffers: HashMap<u32, (u64, u32, bool)>,
+    /// Registered remote-memory regions: id -> (pool offset, length). A region handed back
+    /// by the application (from C, a copy it may have altered) is checked against this.
+    pub(crate) regions: HashMap<u32, (u64, u64)>,
     pub(crate) next_id: u32,
 }
 

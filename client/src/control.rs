@@ -66,9 +66,22 @@ impl Client {
         Ok(out)
     }
 
-    /// Forgets what `resolve` cached for `name` (its host moved).
+    /// Forgets what `resolve` cached for `name` (its host moved). The client forgets by
+    /// itself the locations on a server that reports a message to it failed because the
+    /// service is not there (or the server restarted, reset or became unreachable): the
+    /// next send to the name resolves it again.
     pub fn forget(&self, name: &str) {
         self.names.lock().remove(name);
+    }
+
+    /// Drops every cached location on `server` (a name left with none is resolved again
+    /// when next used).
+    pub(crate) fn forget_server(&self, server: Coord) {
+        let mut names = self.names.lock();
+        names.retain(|_, at| {
+            at.retain(|a| a.server != server);
+            !at.is_empty()
+        });
     }
 
     /// Asks for a fair-queuing weight: this application's share of every link its frames

@@ -182,16 +182,28 @@ impl Client {
                 count: e.count,
                 last_tag: e.tag,
             }),
-            cq::FAILED => Parsed::Event(Event::Failed {
-                peer,
-                tag: e.tag,
-                reason: FailReason::from_code(e.reason),
-            }),
-            cq::PEER_RESET => Parsed::Event(Event::PeerReset {
-                peer,
-                reason: FailReason::from_code(e.reason),
-            }),
-            cq::UNREACHABLE => Parsed::Event(Event::Unreachable(peer)),
+            cq::FAILED => {
+                let reason = FailReason::from_code(e.reason);
+                if reason.service_gone() {
+                    self.forget_server(peer);
+                }
+                Parsed::Event(Event::Failed {
+                    peer,
+                    tag: e.tag,
+                    reason,
+                })
+            }
+            cq::PEER_RESET => {
+                self.forget_server(peer);
+                Parsed::Event(Event::PeerReset {
+                    peer,
+                    reason: FailReason::from_code(e.reason),
+                })
+            }
+            cq::UNREACHABLE => {
+                self.forget_server(peer);
+                Parsed::Event(Event::Unreachable(peer))
+            }
             cq::REACHABLE => Parsed::Event(Event::Reachable(peer)),
             cq::BUFFER_FILLED => {
                 let id = e.tag as u32;

@@ -77,13 +77,15 @@ impl Client {
     /// Registers `len` bytes of the pool as a region others may access with `rights`
     /// (`rmem::READ`, `rmem::WRITE`); returns it with a capability for all of it.
     pub fn register_region(&self, len: u64, rights: u8) -> Result<LocalRegion, Error> {
-        let at = {
+        if len == 0 || len > u64::from(u32::MAX) {
+            return Err(Error::TooLarge(len as usize));
+        }
+        let (pool_offset, id) = {
             let mut pool = self.pool.lock();
             let at = self.pool_alloc(&mut pool, len)?;
             pool.next_id = pool.next_id.wrapping_add(1).max(1);
             (at, pool.next_id)
         };
-        let (pool_offset, id) = at;
         let e = Sqe {
             op: rop::REGISTER,
             kind: rights,
@@ -92,18 +94,47 @@ impl Client {
             aux2: len,
             ..Sqe::default()
         };
-        self.submit_entry(e, &[])?;
-        let cap = self.await_cap(u64::from(id))?;
-        Ok(LocalRegion {
-            id,
-            pool_offset,
-            len,
-            cap,
-        })
+        let cap = self
+            .submit_entry(e, &[])
+            .and_then(|()| self.await_cap(u64::from(id)));
+        let mut pool = self.pool.lock();
+        match cap {
+            Ok(cap) => {
+                pool.regions.insert(id, (pool_offset, len));
+                Ok(LocalRegion {
+                    id,
+                    pool_offset,
+                    len,
+                    cap,
+                })
+            }
+            Err(e) => {
+                // Refused (or never submitted): the block is the pool's again.
+                pool.free.push((pool_offset, len as u32));
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether `r` is a region this application registered, as registered.
+    fn registered(&self, r: &LocalRegion) -> bool {
+        self.pool.lock().regions.get(&r.id) == Some(&(r.pool_offset, r.len))
+    }
+
+    fn check_registered(&self, r: &LocalRegion) -> Result<(), Error> {
+        if self.registered(r) {
+            Ok(())
+        } else {
+            Err(Error::Refused(format!(
+                "region {} is not one this application registered",
+                r.id
+            )))
+        }
     }
 
     /// Removes a region and every capability for it.
     pub fn deregister_region(&self, r: &LocalRegion) -> Result<(), Error> {
+        self.check_registered(r)?;
         let tag = self.next_tag(None);
         let e = Sqe {
             op: rop::DEREGISTER,
@@ -115,8 +146,9 @@ impl Client {
         match self.await_done(tag, Instant::now() + ANSWER)? {
             (Status::Ok, _) => {
                 let mut pool = self.pool.lock();
-                pool.free
-                    .push((r.pool_offset, r.len.min(u64::from(u32::MAX)) as u32));
+                if let Some((at, len)) = pool.regions.remove(&r.id) {
+                    pool.free.push((at, len as u32));
+                }
                 Ok(())
             }
             (s, _) => Err(status(s)),
@@ -165,6 +197,7 @@ impl Client {
     /// Arms a tripwire on `len` bytes at `offset` of region `r`: a remote write touching
     /// them raises [`Event::Tripwire`]. Returns its id.
     pub fn arm_tripwire(&self, r: &LocalRegion, offset: u64, len: u64) -> Result<u64, Error> {
+        self.check_registered(r)?;
         let tag = self.next_tag(None);
         let e = Sqe {
             op: rop::ARM,
@@ -183,6 +216,7 @@ impl Client {
 
     /// Disarms tripwire `id` of region `r`.
     pub fn disarm_tripwire(&self, r: &LocalRegion, id: u64) -> Result<(), Error> {
+        self.check_registered(r)?;
         let e = Sqe {
             op: rop::DISARM,
             tag: id,
@@ -232,6 +266,7 @@ impl Client {
         at: u64,
         opts: RemoteOptions,
     ) -> Result<u64, Error> {
+        self.check_registered(into)?;
         if at.checked_add(len).is_none_or(|e| e > into.len) {
             return Err(Error::TooLarge(len as usize));
         }
@@ -255,21 +290,25 @@ impl Client {
         self.await_done(op, Instant::now() + timeout)
     }
 
-    /// Copies `data` into this application's own region at `offset`.
+    /// Copies `data` into this application's own region at `offset`; false when `r` is not
+    /// a region it registered or the bytes do not fit it.
     pub fn region_write(&self, r: &LocalRegion, offset: u64, data: &[u8]) -> bool {
-        offset
-            .checked_add(data.len() as u64)
-            .is_some_and(|e| e <= r.len)
+        self.registered(r)
+            && offset
+                .checked_add(data.len() as u64)
+                .is_some_and(|e| e <= r.len)
             && self
                 .region
                 .copy_in(self.region.pool(), r.pool_offset + offset, data)
     }
 
-    /// Copies bytes out of this application's own region at `offset`.
+    /// Copies bytes out of this application's own region at `offset`; false as for
+    /// [`Client::region_write`].
     pub fn region_read(&self, r: &LocalRegion, offset: u64, out: &mut [u8]) -> bool {
-        offset
-            .checked_add(out.len() as u64)
-            .is_some_and(|e| e <= r.len)
+        self.registered(r)
+            && offset
+                .checked_add(out.len() as u64)
+                .is_some_and(|e| e <= r.len)
             && self
                 .region
                 .copy_out(self.region.pool(), r.pool_offset + offset, out)

@@ -117,17 +117,22 @@ impl Status {
 
     /// A short name, for counters and errors.
     pub fn name(self) -> &'static str {
+        self.c_name().to_str().unwrap_or("invalid")
+    }
+
+    /// The same name, NUL-terminated (the C ABI's `torus_rm_status_name`).
+    pub fn c_name(self) -> &'static std::ffi::CStr {
         match self {
-            Status::Ok => "ok",
-            Status::BadCookie => "bad cookie",
-            Status::Revoked => "revoked",
-            Status::Expired => "expired",
-            Status::OutOfRange => "out of range",
-            Status::NoRight => "no right",
-            Status::NoRegion => "no region",
-            Status::PeerFailed => "peer failed",
-            Status::Timeout => "timed out",
-            Status::Invalid => "invalid",
+            Status::Ok => c"ok",
+            Status::BadCookie => c"bad cookie",
+            Status::Revoked => c"revoked",
+            Status::Expired => c"expired",
+            Status::OutOfRange => c"out of range",
+            Status::NoRight => c"no right",
+            Status::NoRegion => c"no region",
+            Status::PeerFailed => c"peer failed",
+            Status::Timeout => c"timed out",
+            Status::Invalid => c"invalid",
         }
     }
 }

@@ -105,6 +105,18 @@ impl FailReason {
         }
     }
 
+    /// Whether the failure says what was cached about the peer's services may be stale:
+    /// the service is not there, or the server restarted, reset or cannot be reached.
+    pub(crate) fn service_gone(self) -> bool {
+        matches!(
+            self,
+            FailReason::NoService
+                | FailReason::PeerRestarted
+                | FailReason::PeerReset
+                | FailReason::Unreachable
+        )
+    }
+
     pub(crate) fn from_code(c: u8) -> FailReason {
         match c {
             channel::reason::PEER_RESTARTED => FailReason::PeerRestarted,

@@ -220,3 +220,150 @@ def test_recv_without_waiting_returns_none(torus):
         t = time.monotonic()
         assert c.recv(0.2) is None
         assert time.monotonic() - t >= 0.15
+
+
+def test_remote_memory_between_two_python_applications(torus):
+    """A region on 1,0,0 written and read by an application on 0,0,0 through a capability
+    sent in a message; a tripwire and a notification wake the owner; a read-only window is
+    refused a write, a revoked one a read, a region altered by the application is refused
+    locally, a deregistered one remotely."""
+    with torusnet.Client(sock("1-0-0"), "py-rm-owner") as owner, \
+            torusnet.Client(sock("0-0-0"), "py-rm-writer") as writer:
+        region = owner.register_region(1 << 20)
+        assert len(region.cap) == 40 and region.len == 1 << 20
+        wire = owner.arm_tripwire(region, 0, 8)
+        owner.send(writer.address, region.cap)
+        cap = recv_message(writer).data
+        assert cap == region.cap
+
+        data = os.urandom(300_000)
+        op = writer.remote_write(cap, 4096, data, notify=True)
+        assert writer.wait_remote(op, 15) == (torusnet.RM_OK, len(data))
+        assert owner.region_read(region, 4096, len(data)) == data
+        # The write touched bytes 4096.. only: the tripwire on 0..8 stays quiet; a second,
+        # small write at 0 trips it.
+        op = writer.remote_write(cap, 0, b"12345678")
+        assert writer.wait_remote(op, 15)[0] == torusnet.RM_OK
+        seen = set()
+        deadline = time.time() + 10
+        while seen != {torusnet.TRIPWIRE, torusnet.WRITTEN}:
+            assert time.time() < deadline, f"owner events seen: {seen}"
+            ev = owner.recv(0.5)
+            if ev is None:
+                continue
+            if ev.kind == torusnet.TRIPWIRE:
+                assert (ev.tag, ev.key, ev.count) == (wire, region.id, 0)
+                seen.add(ev.kind)
+            elif ev.kind == torusnet.WRITTEN:
+                assert (ev.key, ev.count, ev.length) == (region.id, 4096, len(data))
+                seen.add(ev.kind)
+
+        mine = writer.register_region(len(data))
+        op = writer.remote_read(cap, 4096, len(data), mine)
+        assert writer.wait_remote(op, 15) == (torusnet.RM_OK, len(data))
+        assert writer.region_read(mine, 0, len(data)) == data
+
+        ro = owner.narrow(region.cap, 0, 4096, torusnet.READ)
+        op = writer.remote_write(ro, 0, b"no")
+        status, _ = writer.wait_remote(op, 15)
+        assert torusnet.rm_status_name(status) == "no right"
+        owner.revoke(ro)
+        op = writer.remote_read(ro, 0, 16, mine)
+        assert writer.wait_remote(op, 15)[0] in (torusnet.RM_REVOKED, torusnet.RM_BAD_COOKIE)
+        # Only the owner narrows.
+        with pytest.raises(torusnet.TorusError):
+            writer.narrow(cap, 0, 16, torusnet.READ)
+
+        forged = mine._replace(pool_offset=mine.pool_offset + 64)
+        with pytest.raises(torusnet.TorusError):
+            writer.region_write(forged, 0, b"x")
+        with pytest.raises(torusnet.TorusError):
+            writer.deregister_region(forged)
+
+        owner.deregister_region(region)
+        op = writer.remote_write(cap, 0, b"gone")
+        assert writer.wait_remote(op, 15)[0] in (torusnet.RM_NO_REGION, torusnet.RM_BAD_COOKIE,
+                                                 torusnet.RM_REVOKED)
+        writer.deregister_region(mine)
+
+
+def test_remote_memory_from_c(torus, tmp_path):
+    """client/examples/c/rmem.c: the same calls from C, 1 MiB written and read back across
+    the link."""
+    exe = str(tmp_path / "rmem")
+    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-I", os.path.join(ROOT, "client", "include"),
+                    os.path.join(ROOT, "client", "examples", "c", "rmem.c"),
+                    "-L", os.path.join(ROOT, "target", "release"), "-ltorusnet_client",
+                    "-o", exe], check=True)
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(ROOT, "target", "release"))
+    r = subprocess.run([exe, sock("1-0-0"), sock("0-0-0"), str(1 << 20)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = __import__("json").loads(r.stdout)
+    assert out["ok"] and out["landed"] and out["read_back"] and out["tripwire"], out
+    assert out["read_only_write"] == "no right" and out["forged_region_refused"] == 1, out
+
+
+def test_a_name_follows_its_service_when_it_moves(torus):
+    """A client resolves (and caches) "py-mover" on 1,0,0; the service moves to 0,0,0.
+    A send to the name fails (nobody at 1,0,0 any more) and the client forgets the cached
+    location by itself: the next send reaches 0,0,0. A call, with the cache stale again,
+    lands too: the old server says nobody is there, the client resolves again and sends
+    the request there, once."""
+    import threading
+
+    def serve(c, stop, tag, got):
+        while not stop.is_set():
+            ev = c.serve(lambda frm, data: tag + data, timeout=0.1)
+            if ev is not None and ev.kind == torusnet.MESSAGE:
+                got.append(ev.data)
+
+    def move(to, tag, got):
+        c = torusnet.Client(sock(to), "py-mover")
+        stop = threading.Event()
+        t = threading.Thread(target=serve, args=(c, stop, tag, got))
+        t.start()
+
+        def end():
+            stop.set()
+            t.join()
+            c.close()
+        return end
+
+    with torusnet.Client(sock("0-0-0"), "py-caller") as caller:
+        got = []
+        end = move("1-0-0", b"one:", got)
+        deadline = time.time() + 10
+        while not caller.resolve("py-mover"):
+            assert time.time() < deadline, "py-mover never resolved"
+            time.sleep(0.1)
+        assert caller.call("py-mover", b"hi") == b"one:hi"
+        end()
+
+        got = []
+        end = move("0-0-0", b"two:", got)
+        try:
+            tag = caller.send("py-mover", b"lost")
+            deadline = time.time() + 10
+            while True:
+                assert time.time() < deadline, "no failure for the send to the old place"
+                ev = caller.recv(0.5)
+                if ev is not None and ev.kind == torusnet.FAILED and ev.tag == tag:
+                    assert ev.reason == torusnet.NO_SERVICE
+                    break
+            caller.send("py-mover", b"found")
+            deadline = time.time() + 10
+            while got != [b"found"]:
+                assert time.time() < deadline, f"the mover got {got}"
+                time.sleep(0.05)
+        finally:
+            end()
+
+        got = []
+        end = move("1-0-0", b"three:", got)
+        try:
+            # The caller's cache says 0,0,0, where nobody is now.
+            assert caller.call("py-mover", b"hi", timeout=10) == b"three:hi"
+            assert caller.call("py-mover", b"again") == b"three:again"
+        finally:
+            end()

@@ -22,14 +22,28 @@ from typing import Callable, List, Optional, Union
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Address", "Key", "Name", "Buffer", "Event", "Destination", "TorusError",
-    "WouldBlock", "service_id",
+    "Client", "Address", "Key", "Name", "Buffer", "Region", "Event", "Destination",
+    "TorusError", "WouldBlock", "service_id", "rm_status_name",
     "MESSAGE", "REQUEST", "ACKED", "FAILED", "PEER_RESET", "UNREACHABLE", "REACHABLE",
-    "BUFFER_FILLED", "BUFFER_MISSED", "OVERFLOW",
+    "BUFFER_FILLED", "BUFFER_MISSED", "OVERFLOW", "REMOTE_DONE", "TRIPWIRE", "WRITTEN",
+    "READ", "WRITE",
+    "RM_OK", "RM_BAD_COOKIE", "RM_REVOKED", "RM_EXPIRED", "RM_OUT_OF_RANGE", "RM_NO_RIGHT",
+    "RM_NO_REGION", "RM_PEER_FAILED", "RM_TIMEOUT", "RM_INVALID",
 ]
 
 MESSAGE, REQUEST, ACKED, FAILED, PEER_RESET, UNREACHABLE, REACHABLE, BUFFER_FILLED, \
-    BUFFER_MISSED, OVERFLOW = range(1, 11)
+    BUFFER_MISSED, OVERFLOW, REMOTE_DONE, TRIPWIRE, WRITTEN = range(1, 14)
+"""Event kinds. REMOTE_DONE: a remote-memory operation ended (tag = its handle, reason = its
+RM_* status, count = bytes moved); TRIPWIRE: a remote write touched tripwire `tag` (key =
+region id, count = offset, length); WRITTEN: a notifying remote write landed whole (key =
+region id, count = offset, length)."""
+
+READ, WRITE = 1, 2
+"""Rights of a region or capability."""
+
+RM_OK, RM_BAD_COOKIE, RM_REVOKED, RM_EXPIRED, RM_OUT_OF_RANGE, RM_NO_RIGHT, RM_NO_REGION, \
+    RM_PEER_FAILED, RM_TIMEOUT, RM_INVALID = range(10)
+"""How a remote-memory operation ended (rm_status_name gives each one's name)."""
 
 EAGAIN, ETIMEDOUT, EREFUSED, ETOOBIG, ENOTFOUND, ECLOSED, EINVAL, EIO = range(-1, -9, -1)
 
@@ -39,7 +53,8 @@ PEER_RESTARTED, PEER_RESET, SILENT, PEER_UNREACHABLE, REFUSED, NO_SERVICE, RECEI
 application there is attached as its service; RECEIVER_FULL: the application it was for had
 fallen behind (its backlog full), so it was not delivered (sending again later may work)."""
 
-_RELIABLE, _BWD, _FWD = 1, 2, 4
+_RELIABLE, _BWD, _FWD, _NOTIFY = 1, 2, 4, 8
+_CAP_LEN = 40
 
 Address = namedtuple("Address", "x y z service")
 """A service on a server."""
@@ -49,6 +64,9 @@ Name = namedtuple("Name", "name")
 """A service by name, resolved across the torus."""
 Buffer = namedtuple("Buffer", "owner id len cookie")
 """A posted return buffer's descriptor (send it to the peer that should fill it)."""
+Region = namedtuple("Region", "id pool_offset len cap")
+"""A region of this application's memory registered for remote access; `cap` (40 bytes) is
+the capability for all of it: narrow it before handing it out, in any message."""
 Event = namedtuple("Event", "kind frm tag count key reliable reason data length")
 """An event: kind (MESSAGE ...), frm (Address), tag, count, key, reliable, reason, data
 (bytes of a message or request), length."""
@@ -97,6 +115,15 @@ class _Event(ctypes.Structure):
 class _Buffer(ctypes.Structure):
     _fields_ = [("owner", _Addr), ("id", ctypes.c_uint32), ("len", ctypes.c_uint32),
                 ("cookie", ctypes.c_uint64)]
+
+
+class _Cap(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint8 * _CAP_LEN)]
+
+
+class _Region(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint32), ("pool_offset", ctypes.c_uint64),
+                ("len", ctypes.c_uint64), ("cap", _Cap)]
 
 
 # The library's SONAME: the major version this binding speaks.
@@ -149,6 +176,45 @@ _lib.torus_send_to_buffer.argtypes = [_P, ctypes.POINTER(_Buffer), ctypes.c_char
                                       ctypes.c_size_t, ctypes.c_uint,
                                       ctypes.POINTER(ctypes.c_uint64)]
 _lib.torus_read_buffer.argtypes = [_P, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+_lib.torus_forget.argtypes = [_P, ctypes.c_char_p]
+_PR, _PC, _U64, _PU64 = ctypes.POINTER(_Region), ctypes.POINTER(_Cap), ctypes.c_uint64, \
+    ctypes.POINTER(ctypes.c_uint64)
+_lib.torus_register_region.argtypes = [_P, _U64, ctypes.c_uint, _PR]
+_lib.torus_deregister_region.argtypes = [_P, _PR]
+_lib.torus_narrow.argtypes = [_P, _PC, _U64, _U64, ctypes.c_uint, ctypes.c_uint32, _PC]
+_lib.torus_revoke.argtypes = [_P, _PC]
+_lib.torus_arm_tripwire.argtypes = [_P, _PR, _U64, _U64, _PU64]
+_lib.torus_disarm_tripwire.argtypes = [_P, _PR, _U64]
+_lib.torus_remote_write.argtypes = [_P, _PC, _U64, ctypes.c_char_p, ctypes.c_size_t,
+                                    ctypes.c_uint, _PU64]
+_lib.torus_remote_read.argtypes = [_P, _PC, _U64, _U64, _PR, _U64, ctypes.c_uint, _PU64]
+_lib.torus_wait_remote.argtypes = [_P, _U64, ctypes.c_int, ctypes.POINTER(ctypes.c_int), _PU64]
+_lib.torus_rm_status_name.argtypes = [ctypes.c_int]
+_lib.torus_rm_status_name.restype = ctypes.c_char_p
+_lib.torus_region_write.argtypes = [_P, _PR, _U64, ctypes.c_char_p, ctypes.c_size_t]
+_lib.torus_region_read.argtypes = [_P, _PR, _U64, ctypes.c_void_p, ctypes.c_size_t]
+
+
+def rm_status_name(status: int) -> str:
+    """The name of a remote-memory status ("ok", "revoked", ...)."""
+    return _lib.torus_rm_status_name(status).decode()
+
+
+def _cap(cap: bytes) -> _Cap:
+    if len(cap) != _CAP_LEN:
+        raise TorusError(EINVAL, f"a capability is {_CAP_LEN} bytes, not {len(cap)}")
+    c = _Cap()
+    ctypes.memmove(c.bytes, bytes(cap), _CAP_LEN)
+    return c
+
+
+def _region(r: Region) -> _Region:
+    return _Region(r.id, r.pool_offset, r.len, _cap(r.cap))
+
+
+def _remote_flags(notify: bool, backward_fence: bool, forward_fence: bool) -> int:
+    return (_NOTIFY if notify else 0) | (_BWD if backward_fence else 0) | \
+        (_FWD if forward_fence else 0)
 
 
 def _check(r: int) -> int:
@@ -240,9 +306,10 @@ class Client:
             if r == 0:
                 return None
             data = self._buf.raw[:ev.len] if ev.kind in (MESSAGE, REQUEST) else b""
-            return Event(ev.kind, _addr(ev.frm), ev.tag, ev.count,
-                         ev.key if ev.keyed else None, bool(ev.reliable), ev.reason, data,
-                         ev.len)
+            # A tripwire's or a notifying write's region id is in `key` too.
+            key = ev.key if ev.keyed or ev.kind in (TRIPWIRE, WRITTEN) else None
+            return Event(ev.kind, _addr(ev.frm), ev.tag, ev.count, key, bool(ev.reliable),
+                         ev.reason, data, ev.len)
 
     def resolve(self, name: str, timeout: float = 2.0) -> List[Address]:
         """The Addresses of the servers hosting service `name`."""
@@ -250,8 +317,15 @@ class Client:
         n = _check(_lib.torus_resolve(self._c, name.encode(), out, 64, _ms(timeout) or 1))
         return [_addr(out[i]) for i in range(n)]
 
+    def forget(self, name: str) -> None:
+        """Forgets what resolve (or a send to the name) cached for `name`. A failure that
+        says the service is gone from a server (no service, unreachable, restarted) forgets
+        it by itself, so the next send to the name resolves it again."""
+        _check(_lib.torus_forget(self._c, name.encode()))
+
     def call(self, to: "Destination", request: bytes, timeout: float = 2.0) -> bytes:
-        """Sends a request and returns its reply (bytes)."""
+        """Sends a request and returns its reply (bytes). A call to a name whose server
+        says the service is not there is sent again to where the name resolves now."""
         d = self._dest(to)
         cap = 1 << 16
         while True:
@@ -311,3 +385,86 @@ class Client:
         out = ctypes.create_string_buffer(max(length, 1))
         n = _check(_lib.torus_read_buffer(self._c, buffer_id, out, length))
         return out.raw[:n]
+
+    # Remote memory.
+
+    def register_region(self, length: int, rights: int = READ | WRITE) -> Region:
+        """Registers `length` bytes of this application's memory for remote access with
+        `rights` (READ | WRITE); returns the Region with a capability for all of it."""
+        r = _Region()
+        _check(_lib.torus_register_region(self._c, length, rights, ctypes.byref(r)))
+        return Region(r.id, r.pool_offset, r.len, bytes(r.cap.bytes))
+
+    def deregister_region(self, region: Region) -> None:
+        """Deregisters a region: every capability for it dies."""
+        r = _region(region)
+        _check(_lib.torus_deregister_region(self._c, ctypes.byref(r)))
+
+    def narrow(self, cap: bytes, offset: int, length: int, rights: int,
+               ttl: Optional[int] = None) -> bytes:
+        """A capability for `length` bytes at `offset` of `cap` with at most `rights`, valid
+        for `ttl` seconds (None: until revoked). Only the region's owner may narrow."""
+        c, out = _cap(cap), _Cap()
+        _check(_lib.torus_narrow(self._c, ctypes.byref(c), offset, length, rights, ttl or 0,
+                                 ctypes.byref(out)))
+        return bytes(out.bytes)
+
+    def revoke(self, cap: bytes) -> None:
+        """Revokes `cap` and every capability narrowed from it."""
+        c = _cap(cap)
+        _check(_lib.torus_revoke(self._c, ctypes.byref(c)))
+
+    def arm_tripwire(self, region: Region, offset: int, length: int) -> int:
+        """Arms a tripwire: a remote write touching those bytes raises a TRIPWIRE event
+        whose tag is the id returned."""
+        r, out = _region(region), ctypes.c_uint64()
+        _check(_lib.torus_arm_tripwire(self._c, ctypes.byref(r), offset, length,
+                                       ctypes.byref(out)))
+        return out.value
+
+    def disarm_tripwire(self, region: Region, tripwire: int) -> None:
+        """Disarms a tripwire."""
+        r = _region(region)
+        _check(_lib.torus_disarm_tripwire(self._c, ctypes.byref(r), tripwire))
+
+    def remote_write(self, cap: bytes, offset: int, data: bytes, notify: bool = False,
+                     backward_fence: bool = False, forward_fence: bool = False) -> int:
+        """Writes `data` at `offset` of what `cap` grants, without its owner taking part;
+        returns the operation's handle (it ends in one REMOTE_DONE, or wait_remote)."""
+        c, op = _cap(cap), ctypes.c_uint64()
+        _check(_lib.torus_remote_write(self._c, ctypes.byref(c), offset, bytes(data),
+                                       len(data), _remote_flags(notify, backward_fence,
+                                                                forward_fence),
+                                       ctypes.byref(op)))
+        return op.value
+
+    def remote_read(self, cap: bytes, offset: int, length: int, into: Region, at: int = 0,
+                    backward_fence: bool = False, forward_fence: bool = False) -> int:
+        """Reads `length` bytes at `offset` of what `cap` grants into this application's
+        region `into` at `at`; returns the operation's handle."""
+        c, r, op = _cap(cap), _region(into), ctypes.c_uint64()
+        _check(_lib.torus_remote_read(self._c, ctypes.byref(c), offset, length,
+                                      ctypes.byref(r), at,
+                                      _remote_flags(False, backward_fence, forward_fence),
+                                      ctypes.byref(op)))
+        return op.value
+
+    def wait_remote(self, op: int, timeout: Optional[float] = None) -> "tuple[int, int]":
+        """Waits for operation `op` to end: (its RM_* status, bytes moved). None: up to the
+        operation's own deadline. Other events meanwhile are kept for recv."""
+        status, moved = ctypes.c_int(), ctypes.c_uint64()
+        _check(_lib.torus_wait_remote(self._c, op, -1 if timeout is None else _ms(timeout),
+                                      ctypes.byref(status), ctypes.byref(moved)))
+        return status.value, moved.value
+
+    def region_write(self, region: Region, offset: int, data: bytes) -> None:
+        """Copies `data` into this application's own region at `offset`."""
+        r = _region(region)
+        _check(_lib.torus_region_write(self._c, ctypes.byref(r), offset, bytes(data),
+                                       len(data)))
+
+    def region_read(self, region: Region, offset: int, length: int) -> bytes:
+        """Copies `length` bytes out of this application's own region at `offset`."""
+        r, out = _region(region), ctypes.create_string_buffer(max(length, 1))
+        _check(_lib.torus_region_read(self._c, ctypes.byref(r), offset, out, length))
+        return out.raw[:length]

@@ -1,6 +1,6 @@
-//! The C ABI over [`Client`], declared in `client/include/torusnet.h`. Every
-//! function checks its pointers, never unwinds across the boundary, and returns a negative
-//! `TORUS_E*` code on failure, with a message for [`torus_last_error`].
+//! The C ABI over [`Client`], declared in `client/include/torusnet.h` (remote memory in
+//! `rmem`). Every function checks its pointers, never unwinds across the boundary, and
+//! returns a negative `TORUS_E*` code on failure, with a message for [`torus_last_error`].
 
 // The C names are the ABI.
 #![allow(non_camel_case_types)]
@@ -10,6 +10,9 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::time::Duration;
 
 use crate::{Address, Client, Dest, Error, Event, FailReason, ReturnBuffer, SendOptions, Wait};
+
+mod rmem;
+pub use rmem::*;
 
 /// Would block: the channel is full.
 pub const TORUS_EAGAIN: c_int = -1;
@@ -547,6 +550,25 @@ pub unsafe extern "C" fn torus_resolve(
             }
             Err(e) => code(e),
         }
+    })
+}
+
+/// Forgets what `torus_resolve` (or a send to a name) cached for `name`.
+///
+/// # Safety
+/// `c` is a live client, `name` a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn torus_forget(c: *mut torus_client, name: *const c_char) -> c_int {
+    guard(TORUS_EINVAL, || {
+        // SAFETY: by contract, checked for null.
+        let Some(c) = (unsafe { c.as_ref() }) else {
+            return invalid("null client");
+        };
+        let Some(n) = (unsafe { str_of(name) }) else {
+            return invalid("bad name");
+        };
+        c.c.forget(n);
+        0
     })
 }
 
