@@ -58,6 +58,9 @@ typedef struct {
 #define TORUS_RELIABLE  1u /* exactly once, any size, reported; else short and best effort */
 #define TORUS_BWD_FENCE 2u /* after every earlier message to that server */
 #define TORUS_FWD_FENCE 4u /* before every later one */
+/* Sent as one of the names this application added (torus_add_name's id), not its attach
+ * name: or it into the flags. */
+#define TORUS_FROM(service) ((unsigned)(uint16_t)(service) << 16)
 
 /* Events. */
 #define TORUS_EV_MESSAGE        1  /* from, reliable, keyed/key, len bytes in the buffer */
@@ -92,6 +95,8 @@ typedef struct {
     int keyed;
     int reliable;
     int reason;
+    uint16_t to;  /* a message's or request's destination: which of this application's
+                     services (the attach name's id, or an added name's) */
     size_t len;
 } torus_event;
 
@@ -126,6 +131,10 @@ int torus_recv(torus_client *c, torus_event *ev, void *buf, size_t cap, int time
 /* The servers hosting service `name`: up to max addresses, returns how many. */
 int torus_resolve(torus_client *c, const char *name, torus_addr *out, size_t max,
                   int timeout_ms);
+/* Adds service name `name` to this application (at most 16): messages and requests to it
+ * arrive here too (ev->to says which name), others resolve it, TORUS_FROM(id) sends as it.
+ * Its id goes to *service. The name goes when the application detaches. */
+int torus_add_name(torus_client *c, const char *name, uint16_t *service);
 /* Forgets what torus_resolve (or a send to a name) cached for `name`. A failure that says
  * the service is gone from a server (no service, unreachable, restarted) forgets it too. */
 int torus_forget(torus_client *c, const char *name);

@@ -292,8 +292,9 @@ pub struct Sqe {
     pub kind: u8,
     /// Destination service id.
     pub service: u16,
-    /// Reserved.
-    pub pad: u16,
+    /// The sending service: 0 for the application's attach name, else one of the names it
+    /// added (torusd refuses any other).
+    pub src_service: u16,
     /// The application's name for the message (returned in its reports).
     pub tag: u64,
     /// The destination: a packed coordinate or a routing key.
@@ -328,8 +329,9 @@ pub struct Cqe {
     pub reason: u8,
     /// The sender's service id.
     pub src_service: u16,
-    /// Reserved.
-    pub pad: u16,
+    /// A message's or request's destination: which of the application's services (its
+    /// attach name's, or one it added) it was sent to.
+    pub dst_service: u16,
     /// The peer server, packed.
     pub peer: u64,
     /// A tag (see [`cq`]).

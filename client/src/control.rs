@@ -2,6 +2,9 @@
 
 use crate::*;
 
+/// The most names an application may add to its attach name.
+pub const MAX_NAMES: usize = 16;
+
 pub(crate) fn read_line(sock: &UnixStream) -> Result<Value, Error> {
     let (line, _) = sys::recv_line_with_fds(sock, 0).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -98,6 +101,25 @@ impl Client {
             .as_u64()
             .and_then(|w| u32::try_from(w).ok())
             .ok_or_else(|| Error::Refused("torusd granted no weight".into()))
+    }
+
+    /// Adds a service name to this application: messages and requests to it arrive on this
+    /// channel too ([`Event::Message`]'s `to` says which name they were for), other servers
+    /// find it by [`Client::resolve`], and [`SendOptions::from`] sends as it. Returns its
+    /// service id. Refused when the name's id is taken on this server, or when the
+    /// application has added [`MAX_NAMES`] names already. The name goes when the
+    /// application detaches.
+    pub fn add_name(&self, name: &str) -> Result<u16, Error> {
+        let v = self.request(
+            json!({"cmd": "add_name", "name": name}),
+            Duration::from_secs(10),
+        )?;
+        let id = v["service"]
+            .as_u64()
+            .and_then(|s| u16::try_from(s).ok())
+            .ok_or_else(|| Error::Refused("torusd gave the name no service id".into()))?;
+        self.added.lock().push(id);
+        Ok(id)
     }
 
     /// Asks for [`Event::Acked`] reports of this application's reliable messages.

@@ -59,6 +59,7 @@ use channel::{Cqe, Region, Sqe};
 use buffers::Pool;
 pub use buffers::ReturnBuffer;
 use control::coord_of;
+pub use control::MAX_NAMES;
 pub use error::Error;
 use receive::Parsed;
 pub(crate) use receive::Rx;
@@ -82,6 +83,8 @@ pub struct Client {
     rx: Mutex<Rx>,
     pub(crate) pool: Mutex<Pool>,
     names: Mutex<HashMap<String, Vec<Address>>>,
+    /// Service ids of the names this application added ([`Client::add_name`]).
+    added: Mutex<Vec<u16>>,
     next_call: AtomicU64,
     spin: Duration,
 }
@@ -166,6 +169,7 @@ impl Client {
             rx: Mutex::new(Rx::default()),
             pool: Mutex::new(Pool::default()),
             names: Mutex::new(HashMap::new()),
+            added: Mutex::new(Vec::new()),
             next_call: AtomicU64::new(1),
             spin: DEFAULT_SPIN,
         })

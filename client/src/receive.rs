@@ -152,6 +152,11 @@ impl Client {
                     return Parsed::Nothing;
                 }
                 let reliable = first.flags & cflag::RELIABLE != 0;
+                // 0 from a torusd that predates added names: the attach name.
+                let to = match first.dst_service {
+                    0 => self.service,
+                    s => s,
+                };
                 let key = (first.flags & cflag::KEYED != 0).then_some(first.count);
                 match first.app_kind {
                     kind::RPC_REQUEST | kind::RPC_REPLY if whole.len() >= 8 => {
@@ -164,6 +169,7 @@ impl Client {
                                 from,
                                 call,
                                 data: whole,
+                                to,
                             })
                         } else {
                             Parsed::Reply(call, whole)
@@ -174,6 +180,7 @@ impl Client {
                         data: whole,
                         reliable,
                         key,
+                        to,
                     }),
                 }
             }

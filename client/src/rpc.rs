@@ -128,7 +128,9 @@ impl Client {
     ) -> Result<Option<Event>, Error> {
         loop {
             match self.recv(wait)? {
-                Some(Event::Request { from, call, data }) => {
+                Some(Event::Request {
+                    from, call, data, ..
+                }) => {
                     let out = handler(from, &data);
                     loop {
                         match self.respond(from, call, &out) {

@@ -119,6 +119,13 @@ impl Client {
         into: Option<(u32, u64)>,
     ) -> Result<u64, Error> {
         let (dest_kind, dest, service) = self.target(&to)?;
+        if let Some(f) = opts.from {
+            if f != self.service && !self.added.lock().contains(&f) {
+                return Err(Error::Refused(format!(
+                    "service {f} is not one of this application's names"
+                )));
+            }
+        }
         if data.len() > u32::MAX as usize {
             return Err(Error::TooLarge(data.len()));
         }
@@ -145,6 +152,7 @@ impl Client {
             tag,
             dest,
             total_len: data.len() as u32,
+            src_service: opts.from.unwrap_or(0),
             ..Sqe::default()
         };
         if let Some((id, cookie)) = into {

@@ -44,6 +44,9 @@ pub struct SendOptions {
     /// The caller's name for the message (returned in its acknowledgement or failure);
     /// `None`: the client numbers messages itself and returns the number.
     pub tag: Option<u64>,
+    /// Which of this application's services sends it: one of the names it added
+    /// ([`Client::add_name`]'s id); `None`: its attach name.
+    pub from: Option<u16>,
 }
 
 impl SendOptions {
@@ -143,6 +146,9 @@ pub enum Event {
         reliable: bool,
         /// The routing key it was sent to, if it was.
         key: Option<u64>,
+        /// Which of this application's services it was sent to (its attach name's id, or
+        /// one from [`Client::add_name`]).
+        to: u16,
     },
     /// A request for [`Client::respond`].
     Request {
@@ -152,6 +158,8 @@ pub enum Event {
         call: u64,
         /// Its bytes.
         data: Vec<u8>,
+        /// Which of this application's services it was sent to.
+        to: u16,
     },
     /// `count` reliable messages to `peer` acknowledged, in send order, the last one
     /// tagged `last_tag`.

@@ -377,6 +377,9 @@ pub struct AppStatus {
     pub uid: u32,
     /// Seconds since it attached.
     pub attached_s: f64,
+    /// The names it added after its attach name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub added_names: Vec<String>,
     /// Its fair-queuing weight: frames per turn on a link it shares.
     pub weight: u32,
     /// Messages it sent.

@@ -367,3 +367,55 @@ def test_a_name_follows_its_service_when_it_moves(torus):
             assert caller.call("py-mover", b"again") == b"three:again"
         finally:
             end()
+
+
+def test_one_application_under_several_names(torus):
+    """An application adds names: messages to each reach it, marked with the name
+    they were for; it sends as an added name; a name taken on its server is refused, and so
+    is a seventeenth; when it detaches, its added names go with it."""
+    with torusnet.Client(sock("1-0-0"), "py-multi") as multi, \
+            torusnet.Client(sock("0-0-0"), "py-multi-peer") as peer:
+        b = multi.add_name("py-multi-b")
+        assert b == torusnet.service_id("py-multi-b")
+        deadline = time.time() + 10
+        while not peer.resolve("py-multi-b"):
+            assert time.time() < deadline, "the added name never resolved"
+            time.sleep(0.1)
+        at = peer.resolve("py-multi-b")[0]
+        assert at[:3] == (1, 0, 0) and at.service == b
+        peer.send("py-multi", b"to the first name")
+        peer.send("py-multi-b", b"to the second name")
+        got = {}
+        while len(got) < 2:
+            ev = recv_message(multi)
+            got[ev.to] = ev.data
+        assert got == {multi.address.service: b"to the first name", b: b"to the second name"}
+        # Sent as the added name: the peer sees it from that service.
+        multi.send(peer.address, b"from b", from_service=b)
+        ev = recv_message(peer)
+        assert ev.data == b"from b" and ev.frm.service == b
+        # Not one of its names: refused at once, nothing sent.
+        with pytest.raises(torusnet.TorusError):
+            multi.send(peer.address, b"x", from_service=torusnet.service_id("py-echo"))
+        # A name another application on its server has, or one it has: refused.
+        with pytest.raises(torusnet.TorusError, match="taken"):
+            multi.add_name("py-echo")
+        with pytest.raises(torusnet.TorusError, match="already"):
+            multi.add_name("py-multi-b")
+        for k in range(15):
+            multi.add_name(f"py-multi-{k}")
+        with pytest.raises(torusnet.TorusError, match="at most 16"):
+            multi.add_name("py-multi-too-many")
+    with torusnet.Client(sock("0-0-0"), "py-multi-after") as c:
+        # Gone with the application: a message to the added name is refused at 1,0,0.
+        tag = c.send(torusnet.Address(1, 0, 0, b), b"anyone?")
+        deadline = time.time() + 10
+        while True:
+            assert time.time() < deadline, "no report for a message to a departed name"
+            ev = c.recv(0.5)
+            if ev is not None and ev.kind == torusnet.FAILED and ev.tag == tag:
+                assert ev.reason == torusnet.NO_SERVICE
+                break
+        # And a new application can take it.
+        with torusnet.Client(sock("1-0-0"), "py-multi-b") as again:
+            assert again.address.service == b

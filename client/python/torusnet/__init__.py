@@ -67,9 +67,10 @@ Buffer = namedtuple("Buffer", "owner id len cookie")
 Region = namedtuple("Region", "id pool_offset len cap")
 """A region of this application's memory registered for remote access; `cap` (40 bytes) is
 the capability for all of it: narrow it before handing it out, in any message."""
-Event = namedtuple("Event", "kind frm tag count key reliable reason data length")
+Event = namedtuple("Event", "kind frm tag count key reliable reason data length to")
 """An event: kind (MESSAGE ...), frm (Address), tag, count, key, reliable, reason, data
-(bytes of a message or request), length."""
+(bytes of a message or request), length, to (a message's or request's destination: which of
+this application's service ids, its attach name's or one from add_name)."""
 
 Destination = Union[Address, Key, Name, str]
 """Where a message goes: a service on a server, a key's root, or a name (as Name or str)."""
@@ -109,7 +110,8 @@ class _Dest(ctypes.Structure):
 class _Event(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("frm", _Addr), ("tag", ctypes.c_uint64),
                 ("count", ctypes.c_uint64), ("key", ctypes.c_uint64), ("keyed", ctypes.c_int),
-                ("reliable", ctypes.c_int), ("reason", ctypes.c_int), ("len", ctypes.c_size_t)]
+                ("reliable", ctypes.c_int), ("reason", ctypes.c_int), ("to", ctypes.c_uint16),
+                ("len", ctypes.c_size_t)]
 
 
 class _Buffer(ctypes.Structure):
@@ -177,6 +179,7 @@ _lib.torus_send_to_buffer.argtypes = [_P, ctypes.POINTER(_Buffer), ctypes.c_char
                                       ctypes.POINTER(ctypes.c_uint64)]
 _lib.torus_read_buffer.argtypes = [_P, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
 _lib.torus_forget.argtypes = [_P, ctypes.c_char_p]
+_lib.torus_add_name.argtypes = [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint16)]
 _PR, _PC, _U64, _PU64 = ctypes.POINTER(_Region), ctypes.POINTER(_Cap), ctypes.c_uint64, \
     ctypes.POINTER(ctypes.c_uint64)
 _lib.torus_register_region.argtypes = [_P, _U64, ctypes.c_uint, _PR]
@@ -281,11 +284,13 @@ class Client:
         return d
 
     def send(self, to: "Destination", data: bytes, reliable: bool = True,
-             backward_fence: bool = False, forward_fence: bool = False) -> int:
+             backward_fence: bool = False, forward_fence: bool = False,
+             from_service: Optional[int] = None) -> int:
         """Sends `data` (bytes) to an Address, a Key or a Name (or a name as str); returns
-        its tag. Raises WouldBlock when the channel is full."""
+        its tag. `from_service`: send as one of the names added with add_name (its id), not
+        the attach name. Raises WouldBlock when the channel is full."""
         flags = (_RELIABLE if reliable else 0) | (_BWD if backward_fence else 0) | \
-            (_FWD if forward_fence else 0)
+            (_FWD if forward_fence else 0) | ((from_service or 0) & 0xFFFF) << 16
         tag = ctypes.c_uint64()
         d = self._dest(to)
         _check(_lib.torus_send(self._c, ctypes.byref(d), bytes(data), len(data), flags,
@@ -309,13 +314,22 @@ class Client:
             # A tripwire's or a notifying write's region id is in `key` too.
             key = ev.key if ev.keyed or ev.kind in (TRIPWIRE, WRITTEN) else None
             return Event(ev.kind, _addr(ev.frm), ev.tag, ev.count, key, bool(ev.reliable),
-                         ev.reason, data, ev.len)
+                         ev.reason, data, ev.len, ev.to)
 
     def resolve(self, name: str, timeout: float = 2.0) -> List[Address]:
         """The Addresses of the servers hosting service `name`."""
         out = (_Addr * 64)()
         n = _check(_lib.torus_resolve(self._c, name.encode(), out, 64, _ms(timeout) or 1))
         return [_addr(out[i]) for i in range(n)]
+
+    def add_name(self, name: str) -> int:
+        """Adds service name `name` to this application (at most 16): messages and
+        requests to it arrive here too (their event's `to` is its id), others resolve it,
+        send(..., from_service=id) sends as it. Returns its service id; the name goes when
+        the application detaches."""
+        out = ctypes.c_uint16()
+        _check(_lib.torus_add_name(self._c, name.encode(), ctypes.byref(out)))
+        return out.value
 
     def forget(self, name: str) -> None:
         """Forgets what resolve (or a send to the name) cached for `name`. A failure that

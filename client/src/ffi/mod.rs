@@ -143,9 +143,20 @@ pub struct torus_event {
     /// Failure reason: 1 restarted, 2 reset, 3 silent, 4 unreachable, 5 refused, 6 no
     /// service, 7 receiver full (the `TORUS_*` reasons of the header).
     pub reason: c_int,
+    /// A message's or request's destination: which of this application's services (its
+    /// attach name's or an added one's id). In what was the padding before `len`, so the
+    /// struct's size and layout are those of the first ABI.
+    pub to: u16,
     /// Bytes of the message (copied into the caller's buffer), or of the filled buffer.
     pub len: usize,
 }
+
+// The first ABI's layout (on 64-bit targets): `to` took padding, nothing moved.
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    assert!(std::mem::size_of::<torus_event>() == 64);
+    assert!(std::mem::offset_of!(torus_event, len) == 56);
+};
 
 /// A posted return buffer's descriptor.
 #[repr(C)]
@@ -243,11 +254,14 @@ unsafe fn bytes<'a>(p: *const c_void, len: usize) -> Option<&'a [u8]> {
 }
 
 fn opts(flags: c_uint) -> SendOptions {
+    // The sending service rides in the upper half (`TORUS_FROM(service)`).
+    let from = (flags >> 16) as u16;
     SendOptions {
         reliable: flags & TORUS_RELIABLE != 0,
         backward_fence: flags & TORUS_BWD_FENCE != 0,
         forward_fence: flags & TORUS_FWD_FENCE != 0,
         tag: None,
+        from: (from != 0).then_some(from),
     }
 }
 
@@ -367,18 +381,26 @@ fn fill(ev: &mut torus_event, e: &Event) -> Option<Vec<u8>> {
             data,
             reliable,
             key,
+            to,
         } => {
             ev.kind = TORUS_EV_MESSAGE;
             ev.from = (*from).into();
             ev.reliable = c_int::from(*reliable);
             ev.keyed = c_int::from(key.is_some());
             ev.key = key.unwrap_or(0);
+            ev.to = *to;
             ev.len = data.len();
             return Some(data.clone());
         }
-        Event::Request { from, call, data } => {
+        Event::Request {
+            from,
+            call,
+            data,
+            to,
+        } => {
             ev.kind = TORUS_EV_REQUEST;
             ev.from = (*from).into();
+            ev.to = *to;
             ev.tag = *call;
             ev.reliable = 1;
             ev.len = data.len();
@@ -547,6 +569,37 @@ pub unsafe extern "C" fn torus_resolve(
                     unsafe { *out.add(i) = (*a).into() };
                 }
                 k as c_int
+            }
+            Err(e) => code(e),
+        }
+    })
+}
+
+/// Adds service name `name` to this application; its service id goes to `*service`.
+///
+/// # Safety
+/// `c` is a live client, `name` a NUL-terminated string, `service` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn torus_add_name(
+    c: *mut torus_client,
+    name: *const c_char,
+    service: *mut u16,
+) -> c_int {
+    guard(TORUS_EINVAL, || {
+        // SAFETY: by contract, checked for null.
+        let Some(c) = (unsafe { c.as_ref() }) else {
+            return invalid("null client");
+        };
+        let Some(n) = (unsafe { str_of(name) }) else {
+            return invalid("bad name");
+        };
+        match c.c.add_name(n) {
+            Ok(id) => {
+                // SAFETY: null or writable by contract.
+                if let Some(o) = unsafe { service.as_mut() } {
+                    *o = id;
+                }
+                0
             }
             Err(e) => code(e),
         }

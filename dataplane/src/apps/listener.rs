@@ -9,7 +9,8 @@
 //! `{"locations":[{"server":[x,y,z],"service":ID}...]}`, `{"cmd":"notify_acks","on":B}`,
 //! `{"cmd":"weight","weight":W}` -> `{"ok":true,"weight":GRANTED,"max_weight":M}` (the
 //! service's share of links, within the node file's limits: `crate::weights`),
-//! `{"cmd":"status"}`. Closing the connection detaches the application.
+//! `{"cmd":"add_name","name":N}` -> `{"ok":true,"service":ID}` (another name for the same
+//! channel), `{"cmd":"status"}`. Closing the connection detaches the application.
 
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -121,22 +122,25 @@ fn serve(s: UnixStream, cfg: &AppsConfig, gid: Option<u32>, shared: &Arc<Shared>
     info.dead.store(true, Ordering::Release);
     // Messages for it are refused (and reported to their senders) from now on, not handed
     // to a channel nobody reads until the poller reaps it; and the poller reaps it now.
-    shared.hosted.unhost(info.service);
+    let mut names = vec![(info.name.clone(), info.service)];
+    names.extend(info.added.lock().iter().cloned());
+    for (_, id) in &names {
+        shared.hosted.unhost(*id);
+    }
     if let Some(first) = shared.shards.first() {
         first.wake();
     }
-    // Its name leaves the directory now rather than when the entry expires (which it
-    // still does if this is dropped: counted).
-    shared.push_or_count(
-        0,
-        Command::Request {
-            service: NAMES,
-            request: Box::new(NamesRequest::Unregister {
-                name: info.name.clone(),
-                id: info.service,
-            }),
-        },
-    );
+    // Its names leave the directory now rather than when their entries expire (which
+    // they still do if this is dropped: counted).
+    for (name, id) in names {
+        shared.push_or_count(
+            0,
+            Command::Request {
+                service: NAMES,
+                request: Box::new(NamesRequest::Unregister { name, id }),
+            },
+        );
+    }
 }
 
 /// The attaching peer's pid and uid, when it may attach: root, torusd's own user, or a
@@ -190,7 +194,7 @@ fn enlist(shared: &Shared, cfg: &AppsConfig, info: &Arc<AppInfo>) -> Result<(), 
     let (name, service) = (info.name.as_str(), info.service);
     let mut apps = shared.apps.apps.lock();
     apps.retain(|a| !a.dead.load(Ordering::Acquire));
-    if let Some(a) = apps.iter().find(|a| a.service == service) {
+    if let Some(a) = apps.iter().find(|a| a.owns(service)) {
         return Err(if a.name == name {
             format!("service {name:?} is attached already (pid {})", a.pid)
         } else {
@@ -230,6 +234,8 @@ fn attach(
         dead: Default::default(),
         closed_why: Default::default(),
         counters: Default::default(),
+        added: Default::default(),
+        indexed: Default::default(),
         weight: cfg.weights.at_attach(name).into(),
     });
     enlist(shared, cfg, &info)?;
@@ -365,21 +371,108 @@ fn request(req: &Value, info: &AppInfo, weights: &Weights, shared: &Arc<Shared>)
             };
             match weights.grant(&info.name, asked) {
                 Err(e) => json!({"error": e}),
-                Ok(w) => match shared.push(Command::SetWeight(info.service, w)) {
-                    Ok(()) => {
+                Ok(w) => {
+                    // Every name of the application weighs the same: one share, however
+                    // it is addressed.
+                    let all = info
+                        .services()
+                        .into_iter()
+                        .all(|id| shared.push(Command::SetWeight(id, w)).is_ok());
+                    if all {
                         info.weight.store(w, Ordering::Relaxed);
                         json!({"ok": true, "weight": w, "max_weight": weights.max_app()})
+                    } else {
+                        json!({"error": "torusd is busy: try again"})
                     }
-                    Err(_) => json!({"error": "torusd is busy: try again"}),
-                },
+                }
             }
         }
+        Some("add_name") => match add_name(req, info, shared) {
+            Ok(id) => json!({"ok": true, "service": id}),
+            Err(e) => json!({ "error": e }),
+        },
         Some("status") => json!({
             "name": info.name,
+            "added_names": info.added.lock().iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(),
             "service": info.service,
             "weight": info.weight.load(Ordering::Relaxed),
             "closed": *info.closed_why.lock(),
         }),
-        _ => json!({"error": "unknown request (resolve, notify_acks, weight, status)"}),
+        _ => json!({"error": "unknown request (resolve, notify_acks, weight, add_name, status)"}),
     }
+}
+
+/// Adds a name to attached application `info`: checked as an attach name is, unique on this
+/// server, indexed by the host before the answer (so a message to it is delivered from the
+/// moment the application hears it may be used), in the directory, weighted as the
+/// application. Returns its service id.
+fn add_name(req: &Value, info: &AppInfo, shared: &Arc<Shared>) -> Result<u16, String> {
+    let name = req
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("add_name: missing \"name\"")?;
+    if !is_service_name(name) {
+        return Err(format!(
+            "bad service name {name:?}: 1..={MAX_NAME} bytes, no spaces or control characters"
+        ));
+    }
+    let service = channel::service_id(name);
+    let count = {
+        let apps = shared.apps.apps.lock();
+        if let Some(a) = apps
+            .iter()
+            .find(|a| !a.dead.load(Ordering::Acquire) && a.owns(service))
+        {
+            return Err(if a.name == info.name && a.pid == info.pid {
+                format!("{name:?} is one of this application's names already")
+            } else {
+                format!(
+                    "service {name:?} would get id {service}, taken by {:?} on this server: choose another name",
+                    a.name
+                )
+            });
+        }
+        let mut added = info.added.lock();
+        if added.len() >= torusnet_client::MAX_NAMES {
+            return Err(format!(
+                "an application may add at most {} names",
+                torusnet_client::MAX_NAMES
+            ));
+        }
+        // Under the registry's lock: no other attach or added name can take the id now.
+        added.push((name.to_string(), service));
+        added.len()
+    };
+    let undo = || {
+        info.added.lock().retain(|(_, id)| *id != service);
+        shared.apps.renamed.store(true, Ordering::Release);
+        shared.shards[0].wake();
+    };
+    shared.apps.renamed.store(true, Ordering::Release);
+    let start = Instant::now();
+    while info.indexed.load(Ordering::Acquire) < count {
+        if start.elapsed() > ADOPT_DEADLINE {
+            undo();
+            return Err(format!(
+                "torusd's first poller did not take the name within {ADOPT_DEADLINE:?}: try again"
+            ));
+        }
+        shared.shards[0].wake();
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let weight = info.weight.load(Ordering::Relaxed);
+    let register = Command::Request {
+        service: NAMES,
+        request: Box::new(NamesRequest::Register {
+            name: name.to_string(),
+            id: service,
+        }),
+    };
+    if shared.push(Command::SetWeight(service, weight)).is_err()
+        || shared.push_to(0, register).is_err()
+    {
+        undo();
+        return Err("torusd is busy (a poller's command queue is full): try again".into());
+    }
+    Ok(service)
 }

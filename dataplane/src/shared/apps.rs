@@ -64,6 +64,26 @@ pub struct AppInfo {
     pub counters: AppCounters,
     /// Its fair-queuing weight (`crate::weights`).
     pub weight: std::sync::atomic::AtomicU32,
+    /// Names it added after its attach name, with their service ids (the listener adds,
+    /// the host reads at its next reindex).
+    pub added: Mutex<Vec<(String, u16)>>,
+    /// How many of `added` the host delivers to: the listener answers an added name only
+    /// once the host has taken it, as for the attach.
+    pub indexed: std::sync::atomic::AtomicUsize,
+}
+
+impl AppInfo {
+    /// Its service ids: the attach name's first, then the added ones.
+    pub fn services(&self) -> Vec<u16> {
+        let mut v = vec![self.service];
+        v.extend(self.added.lock().iter().map(|(_, id)| *id));
+        v
+    }
+
+    /// Whether service id `id` is one of its own.
+    pub fn owns(&self, id: u16) -> bool {
+        id == self.service || self.added.lock().iter().any(|(_, s)| *s == id)
+    }
 }
 
 /// A channel ready for the host to adopt.
@@ -79,6 +99,8 @@ pub struct NewApp {
 pub struct AppsRegistry {
     pub(crate) pending: ArrayQueue<NewApp>,
     pub(crate) apps: Mutex<Vec<Arc<AppInfo>>>,
+    /// Set when an application added a name: the host indexes its services again.
+    pub(crate) renamed: AtomicBool,
 }
 
 impl std::fmt::Debug for AppsRegistry {
@@ -94,6 +116,7 @@ impl Default for AppsRegistry {
         AppsRegistry {
             pending: ArrayQueue::new(64),
             apps: Mutex::new(Vec::new()),
+            renamed: AtomicBool::new(false),
         }
     }
 }
@@ -112,6 +135,7 @@ impl AppsRegistry {
                 pid: a.pid,
                 uid: a.uid,
                 attached_s: a.attached.elapsed().as_secs_f64(),
+                added_names: a.added.lock().iter().map(|(n, _)| n.clone()).collect(),
                 weight: a.weight.load(Ordering::Relaxed),
                 sent: g(&a.counters.sent),
                 received: g(&a.counters.received),

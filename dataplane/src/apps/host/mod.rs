@@ -69,6 +69,8 @@ struct AppMessage {
 
 pub(super) struct App {
     pub(super) info: Arc<AppInfo>,
+    /// Its service ids as last indexed (the attach name's first, then added names').
+    ids: Vec<u16>,
     pub(super) region: Region,
     /// The channel's mapping (shared with the regions registered in its pool).
     pub(super) map: Arc<Mapping>,
@@ -165,6 +167,13 @@ impl AppsHost {
 
     fn reindex(&mut self) {
         let old = std::mem::take(&mut self.by_service);
+        for a in &mut self.apps {
+            let added = a.info.added.lock();
+            a.ids = std::iter::once(a.info.service)
+                .chain(added.iter().map(|(_, id)| *id))
+                .collect();
+            a.info.indexed.store(added.len(), Ordering::Release);
+        }
         // An application whose connection ended is not a destination any more, even before
         // it is reaped.
         self.by_service = self
@@ -172,7 +181,7 @@ impl AppsHost {
             .iter()
             .enumerate()
             .filter(|(_, a)| !a.info.dead.load(Ordering::Acquire))
-            .map(|(i, a)| (a.info.service, i))
+            .flat_map(|(i, a)| a.ids.iter().map(move |id| (*id, i)))
             .collect();
         // The transports refuse (and report to the sender) messages for an application
         // that is not, or no longer, attached.
@@ -199,6 +208,7 @@ impl AppsHost {
                 rm.add_owner(info.service);
             }
             self.apps.push(App {
+                ids: vec![info.service],
                 info,
                 region,
                 map: Arc::new(map),
@@ -272,7 +282,9 @@ impl AppsHost {
         if !a.full && over(BACKLOG_EVENTS, BACKLOG_BYTES) {
             a.full = true;
             a.info.counters.full_marks.fetch_add(1, Ordering::Relaxed);
-            self.shared.hosted.set_full(a.info.service, true);
+            for id in &a.ids {
+                self.shared.hosted.set_full(*id, true);
+            }
         }
         // Nothing waits before it and the channel has room: straight in, no copy kept.
         if data.len() <= seg
@@ -321,7 +333,9 @@ impl AppsHost {
         }
         if a.full && a.backlog.len() <= BACKLOG_EVENTS / 2 && a.backlog_bytes <= BACKLOG_BYTES / 2 {
             a.full = false;
-            self.shared.hosted.set_full(a.info.service, false);
+            for id in &a.ids {
+                self.shared.hosted.set_full(*id, false);
+            }
         }
         n
     }
@@ -404,6 +418,12 @@ impl AppsHost {
     /// Copies a send entry's bytes out; returns the message when it is complete.
     fn take_send(&mut self, i: usize, e: &Sqe) -> Option<AppMessage> {
         let spare = self.spare.pop();
+        // Which of its services sends: its attach name's unless it names one it added.
+        let src = match e.src_service {
+            0 => Some(self.apps[i].info.service),
+            s if self.by_service.get(&s) == Some(&i) => Some(s),
+            _ => None,
+        };
         let a = &mut self.apps[i];
         let r = a.region;
         let (_, txd_size) = r.txd();
@@ -419,6 +439,9 @@ impl AppsHost {
         let (first, mut data) = match a.assembling.take() {
             Some(x) => x,
             None => {
+                let Some(src) = src else {
+                    return bad(a);
+                };
                 // The app header: who sends (stamped here, never taken from the app), kind.
                 let wire_kind = if e.flags & sflag::INTO_BUFFER != 0 {
                     kind::INTO_BUFFER
@@ -430,7 +453,7 @@ impl AppsHost {
                 let mut d = spare.unwrap_or_default();
                 d.clear();
                 d.reserve(APP_HEADER + INTO_BUFFER_HEADER + e.total_len.min(1 << 20) as usize);
-                d.extend_from_slice(&a.info.service.to_be_bytes());
+                d.extend_from_slice(&src.to_be_bytes());
                 d.push(wire_kind);
                 d.push(0);
                 if wire_kind == kind::INTO_BUFFER {
@@ -465,6 +488,8 @@ impl AppsHost {
             _ => return bad(a),
         };
         bump(&a.info.counters.sent, 1);
+        // The sending service, as stamped in the header with the first segment.
+        let from = u16::from_be_bytes([data[0], data[1]]);
         Some(AppMessage {
             target,
             service: first.service,
@@ -477,7 +502,7 @@ impl AppsHost {
                 },
                 intercept: false,
                 tag: first.tag,
-                from: Some(a.info.service),
+                from: Some(from),
             },
         })
     }
@@ -548,6 +573,7 @@ impl AppsHost {
     fn message(&mut self, i: usize, now: Time, node: &mut dyn Engine, m: Incoming<'_>) {
         let Incoming {
             src,
+            service,
             data,
             reliable,
             key,
@@ -590,6 +616,7 @@ impl AppsHost {
                     flags,
                     app_kind,
                     src_service,
+                    dst_service: service,
                     peer: pack(src),
                     count: key.unwrap_or(0),
                     ..Cqe::default()
@@ -717,6 +744,8 @@ impl AppsHost {
 /// A message from the torus for an application.
 struct Incoming<'a> {
     src: Coord,
+    /// The service it was sent to (one of the application's).
+    service: u16,
     data: &'a [u8],
     reliable: bool,
     key: Option<u64>,
@@ -759,6 +788,7 @@ impl Service for AppsHost {
         };
         let msg = Incoming {
             src: m.src,
+            service: m.service,
             data: m.data,
             reliable: m.reliable,
             key: None,
@@ -779,6 +809,7 @@ impl Service for AppsHost {
                 if let Some(&i) = self.by_service.get(service) {
                     let m = Incoming {
                         src: *src,
+                        service: *service,
                         data,
                         reliable: *reliable,
                         key: *key,
@@ -853,6 +884,9 @@ impl Service for AppsHost {
 
     fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {
         let mut n = self.adopt();
+        if self.shared.apps.renamed.swap(false, Ordering::AcqRel) {
+            self.reindex();
+        }
         self.reap();
         for i in 0..self.apps.len() {
             n += self.flush_owed(i, now, node);

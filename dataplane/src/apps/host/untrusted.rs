@@ -66,6 +66,8 @@ fn run_channel(data: &[u8]) -> Option<(u64, u64)> {
         dead: Default::default(),
         closed_why: Default::default(),
         counters: Default::default(),
+        added: Default::default(),
+        indexed: Default::default(),
         weight: 1.into(),
     });
     let shared = Arc::new(shared);
@@ -108,7 +110,7 @@ mod tests {
             // The entry as it lies in the ring: its fields in order, little-endian.
             let mut b = vec![e.op, e.flags, e.dest_kind, e.kind];
             b.extend_from_slice(&e.service.to_le_bytes());
-            b.extend_from_slice(&e.pad.to_le_bytes());
+            b.extend_from_slice(&e.src_service.to_le_bytes());
             for v in [e.tag, e.dest, e.data_pos] {
                 b.extend_from_slice(&v.to_le_bytes());
             }
