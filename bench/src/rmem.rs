@@ -6,7 +6,9 @@
 //! - 64 B round trips: a remote read of the peer's region vs a reliable ping-pong with the
 //!   peer application echoing;
 //! - CLAN's message queue (`torusnet_client::queue`): 64-byte messages per second one way,
-//!   and the round trip through two queues with the peer echoing.
+//!   and the round trip through two queues with the peer echoing;
+//! - 32 MiB messages: a long send pulled by the peer with remote reads vs a pushed reliable
+//!   message, goodput and the sending side's CPU (its application thread and its torusd).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,7 +18,8 @@ use serde_json::{json, Value};
 use torusnet_client::channel::service_id;
 use torusnet_client::queue::{QueueReceiver, QueueSender};
 use torusnet_client::rmem::{Capability, Status, READ, WRITE};
-use torusnet_client::{Address, Client, Dest, Error, Event, RemoteOptions, SendOptions, Wait};
+use torusnet_client::{Address, AttachOptions, Client, Dest, Error, Event, LongEnd};
+use torusnet_client::{LocalRegion, LongOptions, RemoteOptions, SendOptions, Wait};
 
 use crate::measure::Latency;
 use crate::stack::{self, Setup};
@@ -50,6 +53,108 @@ fn median(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 const SIZE: usize = 64 << 10;
+/// Bytes of a long message.
+const LONG: usize = 32 << 20;
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into our timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// One 32 MiB message's goodput (Gb/s) and the sending side's CPU per GB moved (seconds),
+/// its application thread's and its torusd's apart (torusd's includes its pollers' spinning
+/// while they wait), from the send to the sender's last news of it.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct LongFigure {
+    gbps: f64,
+    app_cpu_s_per_gb: f64,
+    torusd_cpu_s_per_gb: f64,
+}
+
+/// Sends one long message with `send`, waits until `ended` says it ended, and measures.
+fn long_figure(
+    c: &Client,
+    torusd: u32,
+    send: impl FnOnce() -> Result<u64, String>,
+    mut ended: impl FnMut(&Event, u64) -> Result<bool, String>,
+) -> Result<LongFigure, String> {
+    let (cpu0, d0, t0) = (
+        thread_cpu(),
+        crate::measure::process_cpu(torusd),
+        Instant::now(),
+    );
+    let id = send()?;
+    loop {
+        match c.recv(Wait::Timeout(Duration::from_secs(30))).map_err(e)? {
+            Some(ev) if ended(&ev, id)? => break,
+            Some(_) => {}
+            None => return Err("no end of the long message in 30 s".into()),
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let gb = LONG as f64 / 1e9;
+    Ok(LongFigure {
+        gbps: LONG as f64 * 8.0 / secs / 1e9,
+        app_cpu_s_per_gb: (thread_cpu() - cpu0).as_secs_f64() / gb,
+        torusd_cpu_s_per_gb: (crate::measure::process_cpu(torusd) - d0).as_secs_f64() / gb,
+    })
+}
+
+/// A 32 MiB reliable message pushed to the peer, until it is acknowledged.
+fn pushed(c: &Client, to: Address, torusd: u32, data: &[u8]) -> Result<LongFigure, String> {
+    c.notify_acks(true).map_err(e)?;
+    let f = long_figure(
+        c,
+        torusd,
+        || {
+            c.send(Dest::Service(to), data, SendOptions::reliable())
+                .map_err(e)
+        },
+        |ev, id| match ev {
+            Event::Acked { last_tag, .. } => Ok(*last_tag >= id),
+            Event::Failed { tag, reason, .. } if *tag == id => {
+                Err(format!("the pushed message failed: {reason:?}"))
+            }
+            _ => Ok(false),
+        },
+    );
+    c.notify_acks(false).map_err(e)?;
+    f
+}
+
+/// A 32 MiB long send pulled by the peer, until its end comes back.
+fn pulled(c: &Client, to: Address, torusd: u32, src: &LocalRegion) -> Result<LongFigure, String> {
+    long_figure(
+        c,
+        torusd,
+        || {
+            c.send_long(
+                Dest::Service(to),
+                src,
+                0,
+                LONG as u64,
+                LongOptions::default(),
+            )
+            .map_err(e)
+        },
+        |ev, id| match ev {
+            Event::LongDone { offer, end, .. } if *offer == id => match end {
+                LongEnd::Pulled => Ok(true),
+                other => Err(format!("the long send ended {other:?}")),
+            },
+            Event::Failed { tag, reason, .. } if *tag == id => {
+                Err(format!("the offer failed: {reason:?}"))
+            }
+            _ => Ok(false),
+        },
+    )
+}
 
 fn apps_socket(mgmt: &std::path::Path) -> std::path::PathBuf {
     let stem = mgmt
@@ -66,8 +171,12 @@ fn e(x: impl std::fmt::Display) -> String {
 /// The peer application: echoes messages starting with `E`, swallows others, answers the
 /// handshake with its capabilities, and echoes through the message queue.
 fn peer(socket: std::path::PathBuf, stop: Arc<AtomicBool>) -> Result<(), String> {
-    let c = Client::attach(&socket, PEER).map_err(e)?;
+    let pool = AttachOptions {
+        pool: LONG as u64 + (16 << 20),
+    };
+    let c = Client::attach_with(&socket, PEER, pool).map_err(e)?;
     let region = c.register_region(8 << 20, READ | WRITE).map_err(e)?;
+    let long_into = c.register_region(LONG as u64, READ | WRITE).map_err(e)?;
     // A client per queue end: a queue owns its client's events while it waits.
     let qc = Client::attach(&socket, "rm-bench-peer-q").map_err(e)?;
     let qc_tx = Client::attach(&socket, "rm-bench-peer-qtx").map_err(e)?;
@@ -85,6 +194,10 @@ fn peer(socket: std::path::PathBuf, stop: Arc<AtomicBool>) -> Result<(), String>
         } else {
             50
         }))) {
+            Ok(Some(Event::LongOffer(o))) => {
+                c.pull(&o, &long_into, 0, Duration::from_secs(60))
+                    .map_err(e)?;
+            }
             Ok(Some(Event::Message { from, data, .. })) => match data.first() {
                 Some(b'E') => {
                     while let Err(Error::WouldBlock) =
@@ -311,6 +424,59 @@ fn queue_figures(
 }
 
 /// Runs the comparison and writes the figures.
+/// Rounds of a 32 MiB message pushed and pulled (a long send), alternating; medians.
+fn long_figures(c: &Client, to: Address, sender_torusd: u32) -> Result<Value, String> {
+    let long_data: Vec<u8> = (0..LONG).map(|i| (i * 7 + (i >> 12)) as u8).collect();
+    let src = c.register_region(LONG as u64, READ).map_err(e)?;
+    if !c.region_write(&src, 0, &long_data) {
+        return Err("cannot fill the long send's region".into());
+    }
+    let (mut push, mut pull) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        push.push(pushed(c, to, sender_torusd, &long_data)?);
+        pull.push(pulled(c, to, sender_torusd, &src)?);
+        let (p, q) = (push[round], pull[round]);
+        eprintln!(
+            "round {}: 32 MiB pushed {:.2} Gb/s (CPU-s/GB app {:.3}, torusd {:.3}), long send pulled {:.2} Gb/s (app {:.3}, torusd {:.3})",
+            round + 1,
+            p.gbps,
+            p.app_cpu_s_per_gb,
+            p.torusd_cpu_s_per_gb,
+            q.gbps,
+            q.app_cpu_s_per_gb,
+            q.torusd_cpu_s_per_gb
+        );
+    }
+    let med = |v: &[LongFigure], f: fn(&LongFigure) -> f64| {
+        median(&mut v.iter().map(f).collect::<Vec<_>>())
+    };
+    let (push_g, pull_g) = (med(&push, |f| f.gbps), med(&pull, |f| f.gbps));
+    let (push_a, pull_a) = (
+        med(&push, |f| f.app_cpu_s_per_gb),
+        med(&pull, |f| f.app_cpu_s_per_gb),
+    );
+    let (push_d, pull_d) = (
+        med(&push, |f| f.torusd_cpu_s_per_gb),
+        med(&pull, |f| f.torusd_cpu_s_per_gb),
+    );
+    eprintln!(
+        "32 MiB (median): pushed {push_g:.2} Gb/s (CPU-s/GB app {push_a:.3}, torusd {push_d:.3}), long send {pull_g:.2} Gb/s (app {pull_a:.3}, torusd {pull_d:.3})"
+    );
+    Ok(json!({
+        "pushed_gbps": push_g,
+        "pulled_gbps": pull_g,
+        "pulled_over_pushed": pull_g / push_g.max(1e-9),
+        "pushed_app_cpu_s_per_gb": push_a,
+        "pulled_app_cpu_s_per_gb": pull_a,
+        "app_cpu_pulled_over_pushed": pull_a / push_a.max(1e-9),
+        "pushed_torusd_cpu_s_per_gb": push_d,
+        "pulled_torusd_cpu_s_per_gb": pull_d,
+        "torusd_cpu_pulled_over_pushed": pull_d / push_d.max(1e-9),
+        "pushed_rounds": push,
+        "pulled_rounds": pull,
+    }))
+}
+
 pub fn run(a: &Args) -> Result<(), String> {
     let s = Setup {
         mtu: a.mtu,
@@ -335,7 +501,11 @@ pub fn run(a: &Args) -> Result<(), String> {
         service: service_id(PEER),
     };
     let sock = apps_socket(&r.cluster.servers[r.tx].socket);
-    let c = Client::attach(&sock, "rm-bench").map_err(e)?;
+    let pool = AttachOptions {
+        pool: LONG as u64 + (16 << 20),
+    };
+    let c = Client::attach_with(&sock, "rm-bench", pool).map_err(e)?;
+    let sender_torusd = r.cluster.pid(r.tx).unwrap_or(0);
     // The handshake (the peer may still be attaching).
     let mut hello = None;
     for _ in 0..100 {
@@ -372,6 +542,7 @@ pub fn run(a: &Args) -> Result<(), String> {
             "64 B round trip p50: ping-pong {:.1} us, remote read {:.1} us",
             pp.p50, rd.p50
         );
+        let long = long_figures(&c, to, sender_torusd)?;
         let (q_rate, q_rtt) = queue_figures(&c, &sock, to, ring, a.pings)?;
         eprintln!(
             "message queue: {q_rate:.0} messages/s (echoed), RTT p50 {:.1} us",
@@ -389,6 +560,7 @@ pub fn run(a: &Args) -> Result<(), String> {
             "read_rtt_over_ping_pong_p50": rd.p50 / pp.p50.max(1e-9),
             "queue_messages_per_s_echoed": q_rate,
             "queue_rtt": q_rtt,
+            "long_32m": long,
         }))
     })();
     stop.store(true, Ordering::Release);
@@ -401,7 +573,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         .map_err(|x| format!("{}: {x}", a.out.display()))?;
     println!(
         "{}",
-        json!({"write_over_messages": v["write_over_messages"], "read_rtt_over_ping_pong_p50": v["read_rtt_over_ping_pong_p50"]})
+        json!({"write_over_messages": v["write_over_messages"], "read_rtt_over_ping_pong_p50": v["read_rtt_over_ping_pong_p50"], "long_pulled_over_pushed": v["long_32m"]["pulled_over_pushed"], "long_app_cpu_pulled_over_pushed": v["long_32m"]["app_cpu_pulled_over_pushed"]})
     );
     Ok(())
 }

@@ -76,6 +76,15 @@ typedef struct {
 #define TORUS_EV_REMOTE_DONE    11 /* remote-memory operation tag ended: reason = status, count = bytes */
 #define TORUS_EV_TRIPWIRE       12 /* a remote write touched tripwire tag: key = region, count = offset, len */
 #define TORUS_EV_WRITTEN        13 /* a notifying remote write landed: key = region, count = offset, len */
+#define TORUS_EV_LONG_OFFER     14 /* a long message offered: from, tag = offer id, count = its length;
+                                      the offer's len bytes in the buffer (for torus_pull/decline) */
+#define TORUS_EV_LONG_DONE      15 /* a long send of ours ended: tag = offer id, reason = TORUS_LONG_* */
+
+/* How a long send ended. */
+#define TORUS_LONG_PULLED   1
+#define TORUS_LONG_DECLINED 2
+#define TORUS_LONG_FAILED   3 /* the receiver's reads failed */
+#define TORUS_LONG_EXPIRED  4 /* nobody pulled it in time */
 
 /* Failure reasons. */
 #define TORUS_PEER_RESTARTED 1
@@ -115,6 +124,9 @@ const char *torus_last_error(void);
 
 /* Attaches to torusd's application socket as service `name`; NULL on error. */
 torus_client *torus_attach(const char *socket, const char *name);
+/* The same with a pool of `pool` bytes (16 MiB by default): return buffers, remote-memory
+ * regions and long sends live there; torusd caps it at its [apps] max_pool_mib. */
+torus_client *torus_attach_pool(const char *socket, const char *name, uint64_t pool);
 /* Detaches (the service is unregistered) and frees the client. */
 void torus_detach(torus_client *c);
 /* This application's address: its server and service id. */
@@ -233,6 +245,19 @@ int torus_region_write(torus_client *c, const torus_region *r, uint64_t offset,
                        const void *data, size_t len);
 int torus_region_read(torus_client *c, const torus_region *r, uint64_t offset, void *out,
                       size_t len);
+
+/* Long send (libRIPC): the sender offers len bytes at offset of its region r; the receiver
+ * pulls them with remote reads into a region of its own when it wants; the sender's
+ * application does nothing while they move and learns (TORUS_EV_LONG_DONE) when it may
+ * reuse the bytes. ttl_s: seconds the receiver has (0: 30); the offer id goes to *offer. */
+int torus_send_long(torus_client *c, const torus_dest *d, const torus_region *r,
+                    uint64_t offset, uint64_t len, uint32_t ttl_s, uint64_t *offer);
+/* Pulls an offer (a TORUS_EV_LONG_OFFER's bytes) into region `into` at `at`, then tells
+ * the sender; waits at most timeout_ms. */
+int torus_pull(torus_client *c, const void *offer, size_t offer_len, const torus_region *into,
+               uint64_t at, int timeout_ms);
+/* Declines an offer: its sender may reuse the bytes. */
+int torus_decline(torus_client *c, const void *offer, size_t offer_len);
 
 #ifdef __cplusplus
 }

@@ -246,6 +246,18 @@ pub mod kind {
     pub const RPC_REQUEST: u8 = 3;
     /// An RPC reply.
     pub const RPC_REPLY: u8 = 4;
+    /// A long send's offer (libRIPC): offer id u64, length u64, a read-only capability
+    /// (40 bytes) for the bytes, which the receiver pulls with remote reads.
+    pub const LONG_OFFER: u8 = 5;
+    /// A long send's end, from its receiver: offer id u64, how it ended u8.
+    pub const LONG_DONE: u8 = 6;
+
+    /// Whether an application may send a message of kind `k` and torusd hands it to the
+    /// application it is for as a message (the kinds torusd itself writes, into-buffer
+    /// and buffer-missed, are not).
+    pub fn is_message(k: u8) -> bool {
+        matches!(k, DATA | RPC_REQUEST | RPC_REPLY | LONG_OFFER | LONG_DONE)
+    }
 }
 
 /// Bytes of the app header on the torus: source service u16, kind u8, flags u8.

@@ -20,6 +20,8 @@
 //!   or [`Event::Failed`].
 //! - Long messages into the receiver's posted return buffers ([`Client::post_buffer`]).
 //! - Request/response ([`Client::call`], [`Event::Request`], [`Client::respond`]).
+//! - Long sends pulled by their receiver with remote reads ([`Client::send_long`],
+//!   [`Event::LongOffer`], [`Client::pull`]).
 //!
 //! The channel's layout is [`channel`]; [`ffi`] is the C ABI over this API. This file holds
 //! [`Client`] and its attach; the calls live by what they do: `submit.rs` (sending),
@@ -32,6 +34,7 @@ pub mod channel;
 mod control;
 mod error;
 pub mod ffi;
+mod long;
 pub mod queue;
 mod receive;
 mod remote;
@@ -40,6 +43,7 @@ mod rpc;
 mod submit;
 mod types;
 
+pub use long::{LongEnd, LongOffer, LongOptions, OFFER_LEN};
 pub use remote::{LocalRegion, RemoteOptions};
 pub mod sys;
 
@@ -85,6 +89,8 @@ pub struct Client {
     names: Mutex<HashMap<String, Vec<Address>>>,
     /// Service ids of the names this application added ([`Client::add_name`]).
     added: Mutex<Vec<u16>>,
+    /// Its long sends that have not ended, by offer id.
+    offers: Mutex<HashMap<u64, long::Outstanding>>,
     next_call: AtomicU64,
     spin: Duration,
 }
@@ -103,10 +109,36 @@ impl std::fmt::Debug for Client {
 /// microseconds away, short enough not to burn a core while idle.
 const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
+/// How an application attaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachOptions {
+    /// Bytes of its pool, the memory shared with torusd that its return buffers,
+    /// remote-memory regions and long sends live in (torusd's `[apps] max_pool_mib` caps
+    /// it; pages cost memory only once touched).
+    pub pool: u64,
+}
+
+impl Default for AttachOptions {
+    fn default() -> AttachOptions {
+        AttachOptions {
+            pool: channel::Geometry::default().pool_size,
+        }
+    }
+}
+
 impl Client {
     /// Attaches to the torusd whose application socket is `socket`, registering this
     /// application's service under `name` (found by others through [`Client::resolve`]).
     pub fn attach(socket: impl AsRef<Path>, name: &str) -> Result<Client, Error> {
+        Client::attach_with(socket, name, AttachOptions::default())
+    }
+
+    /// [`Client::attach`], with options (a larger pool).
+    pub fn attach_with(
+        socket: impl AsRef<Path>,
+        name: &str,
+        opts: AttachOptions,
+    ) -> Result<Client, Error> {
         let socket = socket.as_ref();
         let sock = UnixStream::connect(socket).map_err(|e| {
             Error::Refused(format!(
@@ -115,7 +147,12 @@ impl Client {
             ))
         })?;
         sock.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let req = json!({"cmd": "attach", "name": name, "version": channel::VERSION});
+        let req = json!({
+            "cmd": "attach",
+            "name": name,
+            "version": channel::VERSION,
+            "pool": opts.pool,
+        });
         {
             use std::io::Write;
             let mut s = &sock;
@@ -170,6 +207,7 @@ impl Client {
             pool: Mutex::new(Pool::default()),
             names: Mutex::new(HashMap::new()),
             added: Mutex::new(Vec::new()),
+            offers: Mutex::new(HashMap::new()),
             next_call: AtomicU64::new(1),
             spin: DEFAULT_SPIN,
         })

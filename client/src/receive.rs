@@ -25,10 +25,27 @@ impl Client {
             Wait::Forever => None,
         };
         loop {
-            if let Some(e) = self.poll_event()? {
-                return Ok(Some(e));
+            // This application's long sends end by their deadlines even when nothing
+            // arrives: the wait is cut short for the next one.
+            let mut due = None;
+            if self.has_offers() {
+                let (expired, next) = self.expired_offer();
+                if expired.is_some() {
+                    return Ok(expired);
+                }
+                due = next;
             }
-            if !self.wait_cq(deadline)? {
+            if let Some(e) = self.poll_event()? {
+                if self.settle_offer(&e) {
+                    return Ok(Some(e));
+                }
+                continue;
+            }
+            let until = match (deadline, due) {
+                (Some(d), Some(o)) => Some(d.min(o)),
+                (d, o) => d.or(o),
+            };
+            if !self.wait_cq(until)? && deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
         }
@@ -138,52 +155,7 @@ impl Client {
             service: e.src_service,
         };
         match e.kind {
-            cq::MESSAGE => {
-                // Segments of one message arrive back to back.
-                let (first, mut whole) = match rx.partial.take() {
-                    Some((f, mut buf)) => {
-                        buf.extend_from_slice(&data);
-                        (f, buf)
-                    }
-                    None => (e, data),
-                };
-                if e.flags & cflag::MORE != 0 {
-                    rx.partial = Some((first, whole));
-                    return Parsed::Nothing;
-                }
-                let reliable = first.flags & cflag::RELIABLE != 0;
-                // 0 from a torusd that predates added names: the attach name.
-                let to = match first.dst_service {
-                    0 => self.service,
-                    s => s,
-                };
-                let key = (first.flags & cflag::KEYED != 0).then_some(first.count);
-                match first.app_kind {
-                    kind::RPC_REQUEST | kind::RPC_REPLY if whole.len() >= 8 => {
-                        let mut c = [0u8; 8];
-                        c.copy_from_slice(&whole[..8]);
-                        let call = u64::from_le_bytes(c);
-                        whole.drain(..8);
-                        if first.app_kind == kind::RPC_REQUEST {
-                            Parsed::Event(Event::Request {
-                                from,
-                                call,
-                                data: whole,
-                                to,
-                            })
-                        } else {
-                            Parsed::Reply(call, whole)
-                        }
-                    }
-                    _ => Parsed::Event(Event::Message {
-                        from,
-                        data: whole,
-                        reliable,
-                        key,
-                        to,
-                    }),
-                }
-            }
+            cq::MESSAGE => self.message(rx, e, data, from),
             cq::ACKED => Parsed::Event(Event::Acked {
                 peer,
                 count: e.count,
@@ -252,6 +224,67 @@ impl Client {
                 from: peer,
             }),
             _ => Parsed::Nothing,
+        }
+    }
+
+    /// A message entry (or one segment of a message): the message once whole.
+    fn message(&self, rx: &mut Rx, e: Cqe, data: Vec<u8>, from: Address) -> Parsed {
+        // Segments of one message arrive back to back.
+        let (first, mut whole) = match rx.partial.take() {
+            Some((f, mut buf)) => {
+                buf.extend_from_slice(&data);
+                (f, buf)
+            }
+            None => (e, data),
+        };
+        if e.flags & cflag::MORE != 0 {
+            rx.partial = Some((first, whole));
+            return Parsed::Nothing;
+        }
+        let reliable = first.flags & cflag::RELIABLE != 0;
+        // 0 from a torusd that predates added names: the attach name.
+        let to = match first.dst_service {
+            0 => self.service,
+            s => s,
+        };
+        let key = (first.flags & cflag::KEYED != 0).then_some(first.count);
+        match first.app_kind {
+            kind::RPC_REQUEST | kind::RPC_REPLY if whole.len() >= 8 => {
+                let mut c = [0u8; 8];
+                c.copy_from_slice(&whole[..8]);
+                let call = u64::from_le_bytes(c);
+                whole.drain(..8);
+                if first.app_kind == kind::RPC_REQUEST {
+                    Parsed::Event(Event::Request {
+                        from,
+                        call,
+                        data: whole,
+                        to,
+                    })
+                } else {
+                    Parsed::Reply(call, whole)
+                }
+            }
+            k @ (kind::LONG_OFFER | kind::LONG_DONE) => {
+                match crate::long::parse(k, from, &whole) {
+                    Some(m) => Parsed::Event(crate::long::event(from, m)),
+                    // Malformed: handed over as it came, not dropped unseen.
+                    None => Parsed::Event(Event::Message {
+                        from,
+                        data: whole,
+                        reliable,
+                        key,
+                        to,
+                    }),
+                }
+            }
+            _ => Parsed::Event(Event::Message {
+                from,
+                data: whole,
+                reliable,
+                key,
+                to,
+            }),
         }
     }
 

@@ -248,4 +248,16 @@ pub enum Event {
         /// The server that wrote.
         from: Coord,
     },
+    /// A long message offered to this application: pull it ([`Client::pull`]) or decline
+    /// it ([`Client::decline`]) before its deadline.
+    LongOffer(crate::LongOffer),
+    /// One of this application's long sends ended: its buffer may be reused.
+    LongDone {
+        /// The receiver's server (none when it expired without an answer).
+        peer: Option<Coord>,
+        /// The offer's id ([`Client::send_long`]'s).
+        offer: u64,
+        /// How.
+        end: crate::LongEnd,
+    },
 }

@@ -292,6 +292,8 @@ struct RawApps {
     max: Option<usize>,
     /// The most weight an application may ask for (`crate::weights`).
     max_weight: Option<u32>,
+    /// The largest pool an application may ask for at attach, in MiB.
+    max_pool_mib: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -333,6 +335,10 @@ pub struct AppsConfig {
     pub max_apps: usize,
     /// Services' weights: what applications start with and may ask for.
     pub weights: Weights,
+    /// The largest pool (bytes) an application may ask for at attach: the memory its
+    /// return buffers and remote-memory regions live in, shared with torusd (a memfd,
+    /// whose pages exist only once touched).
+    pub max_pool: u64,
 }
 
 /// A validated configuration.
@@ -657,6 +663,12 @@ fn apps_settings(
             "apps.max: {max_apps} is outside 1..=4096"
         )));
     }
+    let max_pool_mib = raw.max_pool_mib.unwrap_or(1024);
+    if !(16..=4096).contains(&max_pool_mib) {
+        return Err(ConfigError::Invalid(format!(
+            "apps.max_pool_mib: {max_pool_mib} is outside 16..=4096"
+        )));
+    }
     let apps_socket = raw.socket;
     let apps_group = raw.group;
     let apps_on = raw.enabled.unwrap_or(true);
@@ -671,6 +683,7 @@ fn apps_settings(
         group: apps_group,
         max_apps,
         weights: weights.clone(),
+        max_pool: max_pool_mib << 20,
     }))
 }
 

@@ -419,3 +419,59 @@ def test_one_application_under_several_names(torus):
         # And a new application can take it.
         with torusnet.Client(sock("1-0-0"), "py-multi-b") as again:
             assert again.address.service == b
+
+
+def test_long_send_pulled_by_its_receiver(torus):
+    """libRIPC's long send: 256 MB offered from 0,0,0, pulled by the receiver on 1,0,0 with
+    remote reads into its own region, byte-exact; the sender learns it may reuse the bytes.
+    A declined offer and one nobody pulls (expired at its deadline, then refused to a late
+    pull) end too."""
+    n = 256 << 20
+    with torusnet.Client(sock("0-0-0"), "py-long-tx", pool=n + (16 << 20)) as tx, \
+            torusnet.Client(sock("1-0-0"), "py-long-rx", pool=n + (16 << 20)) as rx:
+        src = tx.register_region(n, torusnet.READ)
+        data = os.urandom(n)
+        tx.region_write(src, 0, data)
+        dst = rx.register_region(n)
+        t0 = time.monotonic()
+        offer_id = tx.send_long(rx.address, src, 0, n)
+        ev = rx.recv(10)
+        while ev is not None and ev.kind != torusnet.LONG_OFFER:
+            ev = rx.recv(10)
+        assert ev is not None and ev.tag == offer_id and ev.count == n
+        rx.pull(ev.data, dst, 0, timeout=60)
+        elapsed = time.monotonic() - t0
+        got = rx.region_read(dst, 0, n)
+        assert got == data, "the long message arrived byte-exact"
+        del got
+        ev = tx.recv(10)
+        while ev is not None and ev.kind != torusnet.LONG_DONE:
+            ev = tx.recv(10)
+        assert ev is not None and (ev.tag, ev.reason) == (offer_id, torusnet.LONG_PULLED)
+        print(f"long send of {n >> 20} MiB pulled in {elapsed:.2f} s "
+              f"({n * 8 / elapsed / 1e9:.2f} Gb/s)")
+
+        # Declined: the sender hears it.
+        offer_id = tx.send_long(rx.address, src, 0, 4096)
+        ev = rx.recv(10)
+        assert ev is not None and ev.kind == torusnet.LONG_OFFER
+        rx.decline(ev.data)
+        ev = tx.recv(10)
+        assert ev is not None and (ev.kind, ev.tag, ev.reason) == \
+            (torusnet.LONG_DONE, offer_id, torusnet.LONG_DECLINED)
+
+        # Nobody pulls: it expires at its deadline (1 s), and a late pull is refused.
+        offer_id = tx.send_long(rx.address, src, 0, 4096, ttl=1)
+        ev = rx.recv(10)
+        assert ev is not None and ev.kind == torusnet.LONG_OFFER
+        late = ev.data
+        t0 = time.monotonic()
+        ev = tx.recv(10)
+        assert ev is not None and (ev.kind, ev.tag, ev.reason) == \
+            (torusnet.LONG_DONE, offer_id, torusnet.LONG_EXPIRED)
+        assert 0.5 < time.monotonic() - t0 < 5
+        with pytest.raises(torusnet.TorusError):
+            rx.pull(late, dst, 0, timeout=5)
+        # The late pull told the sender, whose offer had ended: nothing more for it.
+        ev = tx.recv(0.5)
+        assert ev is None or ev.kind != torusnet.LONG_DONE or ev.tag != offer_id

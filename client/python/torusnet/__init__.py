@@ -26,17 +26,23 @@ __all__ = [
     "TorusError", "WouldBlock", "service_id", "rm_status_name",
     "MESSAGE", "REQUEST", "ACKED", "FAILED", "PEER_RESET", "UNREACHABLE", "REACHABLE",
     "BUFFER_FILLED", "BUFFER_MISSED", "OVERFLOW", "REMOTE_DONE", "TRIPWIRE", "WRITTEN",
+    "LONG_OFFER", "LONG_DONE", "LONG_PULLED", "LONG_DECLINED", "LONG_FAILED", "LONG_EXPIRED",
     "READ", "WRITE",
     "RM_OK", "RM_BAD_COOKIE", "RM_REVOKED", "RM_EXPIRED", "RM_OUT_OF_RANGE", "RM_NO_RIGHT",
     "RM_NO_REGION", "RM_PEER_FAILED", "RM_TIMEOUT", "RM_INVALID",
 ]
 
 MESSAGE, REQUEST, ACKED, FAILED, PEER_RESET, UNREACHABLE, REACHABLE, BUFFER_FILLED, \
-    BUFFER_MISSED, OVERFLOW, REMOTE_DONE, TRIPWIRE, WRITTEN = range(1, 14)
+    BUFFER_MISSED, OVERFLOW, REMOTE_DONE, TRIPWIRE, WRITTEN, LONG_OFFER, LONG_DONE = range(1, 16)
 """Event kinds. REMOTE_DONE: a remote-memory operation ended (tag = its handle, reason = its
 RM_* status, count = bytes moved); TRIPWIRE: a remote write touched tripwire `tag` (key =
 region id, count = offset, length); WRITTEN: a notifying remote write landed whole (key =
-region id, count = offset, length)."""
+region id, count = offset, length); LONG_OFFER: a long message offered (frm, tag = offer
+id, count = its length, data = the offer's bytes for pull or decline); LONG_DONE: a long
+send of this application's ended (tag = offer id, reason = LONG_*)."""
+
+LONG_PULLED, LONG_DECLINED, LONG_FAILED, LONG_EXPIRED = range(1, 5)
+"""How a long send ended."""
 
 READ, WRITE = 1, 2
 """Rights of a region or capability."""
@@ -158,6 +164,8 @@ _P = ctypes.c_void_p
 _lib.torus_last_error.restype = ctypes.c_char_p
 _lib.torus_attach.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
 _lib.torus_attach.restype = _P
+_lib.torus_attach_pool.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64]
+_lib.torus_attach_pool.restype = _P
 _lib.torus_detach.argtypes = [_P]
 _lib.torus_address.argtypes = [_P]
 _lib.torus_address.restype = _Addr
@@ -196,6 +204,10 @@ _lib.torus_rm_status_name.argtypes = [ctypes.c_int]
 _lib.torus_rm_status_name.restype = ctypes.c_char_p
 _lib.torus_region_write.argtypes = [_P, _PR, _U64, ctypes.c_char_p, ctypes.c_size_t]
 _lib.torus_region_read.argtypes = [_P, _PR, _U64, ctypes.c_void_p, ctypes.c_size_t]
+_lib.torus_send_long.argtypes = [_P, ctypes.POINTER(_Dest), _PR, _U64, _U64, ctypes.c_uint32,
+                                 _PU64]
+_lib.torus_pull.argtypes = [_P, ctypes.c_char_p, ctypes.c_size_t, _PR, _U64, ctypes.c_int]
+_lib.torus_decline.argtypes = [_P, ctypes.c_char_p, ctypes.c_size_t]
 
 
 def rm_status_name(status: int) -> str:
@@ -242,8 +254,13 @@ def _ms(timeout: Optional[float]) -> int:
 class Client:
     """An application attached to torusd under a service name (a context manager)."""
 
-    def __init__(self, socket: str, name: str) -> None:
-        self._c = _lib.torus_attach(socket.encode(), name.encode())
+    def __init__(self, socket: str, name: str, pool: Optional[int] = None) -> None:
+        """Attaches as `name`; `pool`: bytes of the memory shared with torusd that return
+        buffers, regions and long sends live in (16 MiB unless asked; torusd caps it)."""
+        if pool is None:
+            self._c = _lib.torus_attach(socket.encode(), name.encode())
+        else:
+            self._c = _lib.torus_attach_pool(socket.encode(), name.encode(), pool)
         if not self._c:
             raise TorusError(EREFUSED, _lib.torus_last_error().decode(errors="replace"))
         self._buf = ctypes.create_string_buffer(1 << 16)
@@ -310,7 +327,7 @@ class Client:
             _check(r)
             if r == 0:
                 return None
-            data = self._buf.raw[:ev.len] if ev.kind in (MESSAGE, REQUEST) else b""
+            data = self._buf.raw[:ev.len] if ev.kind in (MESSAGE, REQUEST, LONG_OFFER) else b""
             # A tripwire's or a notifying write's region id is in `key` too.
             key = ev.key if ev.keyed or ev.kind in (TRIPWIRE, WRITTEN) else None
             return Event(ev.kind, _addr(ev.frm), ev.tag, ev.count, key, bool(ev.reliable),
@@ -482,3 +499,26 @@ class Client:
         r, out = _region(region), ctypes.create_string_buffer(max(length, 1))
         _check(_lib.torus_region_read(self._c, ctypes.byref(r), offset, out, length))
         return out.raw[:length]
+
+    # Long send (libRIPC).
+
+    def send_long(self, to: "Destination", region: Region, offset: int, length: int,
+                  ttl: Optional[int] = None) -> int:
+        """Offers `length` bytes at `offset` of this application's region to `to`; the
+        receiver pulls them with remote reads within `ttl` seconds (None: 30). Returns the
+        offer's id; the bytes must stay until LONG_DONE for it (or FAILED with its id)."""
+        d, r, out = self._dest(to), _region(region), ctypes.c_uint64()
+        _check(_lib.torus_send_long(self._c, ctypes.byref(d), ctypes.byref(r), offset, length,
+                                    ttl or 0, ctypes.byref(out)))
+        return out.value
+
+    def pull(self, offer: bytes, into: Region, at: int = 0, timeout: float = 60.0) -> None:
+        """Pulls an offered long message (a LONG_OFFER event's data) into this
+        application's region `into` at `at`, then tells the sender."""
+        r = _region(into)
+        _check(_lib.torus_pull(self._c, bytes(offer), len(offer), ctypes.byref(r), at,
+                               _ms(timeout) or 1))
+
+    def decline(self, offer: bytes) -> None:
+        """Declines an offered long message: its sender may reuse the bytes."""
+        _check(_lib.torus_decline(self._c, bytes(offer), len(offer)))

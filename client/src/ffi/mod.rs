@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use crate::{Address, Client, Dest, Error, Event, FailReason, ReturnBuffer, SendOptions, Wait};
 
+mod long;
 mod rmem;
+pub use long::*;
 pub use rmem::*;
 
 /// Would block: the channel is full.
@@ -121,6 +123,11 @@ pub const TORUS_EV_REMOTE_DONE: c_int = 11;
 pub const TORUS_EV_TRIPWIRE: c_int = 12;
 /// A remote write with notification landed: key = region, count = offset, len = length.
 pub const TORUS_EV_WRITTEN: c_int = 13;
+/// A long message offered: from, tag = offer id, count = its length; the offer's bytes
+/// (`len` of them) in the buffer, for `torus_pull` or `torus_decline`.
+pub const TORUS_EV_LONG_OFFER: c_int = 14;
+/// One of this application's long sends ended: tag = offer id, reason = `TORUS_LONG_*`.
+pub const TORUS_EV_LONG_DONE: c_int = 15;
 
 /// An event, as `torus_recv` fills it.
 #[repr(C)]
@@ -287,13 +294,24 @@ pub unsafe extern "C" fn torus_attach(
     socket: *const c_char,
     name: *const c_char,
 ) -> *mut torus_client {
+    // SAFETY: by contract.
+    unsafe { attach_with(socket, name, crate::AttachOptions::default()) }
+}
+
+/// # Safety
+/// `socket` and `name` are null or NUL-terminated strings.
+unsafe fn attach_with(
+    socket: *const c_char,
+    name: *const c_char,
+    opts: crate::AttachOptions,
+) -> *mut torus_client {
     guard(std::ptr::null_mut(), || {
         // SAFETY: the caller passes NUL-terminated strings.
         let (Some(s), Some(n)) = (unsafe { str_of(socket) }, unsafe { str_of(name) }) else {
             set_error("socket and name must be UTF-8 strings");
             return std::ptr::null_mut();
         };
-        match Client::attach(s, n) {
+        match Client::attach_with(s, n, opts) {
             Ok(c) => Box::into_raw(Box::new(torus_client { c, held: None })),
             Err(e) => {
                 code(e);
@@ -301,6 +319,21 @@ pub unsafe extern "C" fn torus_attach(
             }
         }
     })
+}
+
+/// Attaches as `torus_attach` does, with a pool of `pool` bytes (return buffers, regions
+/// and long sends live there; torusd caps it at its `[apps] max_pool_mib`).
+///
+/// # Safety
+/// `socket` and `name` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn torus_attach_pool(
+    socket: *const c_char,
+    name: *const c_char,
+    pool: u64,
+) -> *mut torus_client {
+    // SAFETY: by contract.
+    unsafe { attach_with(socket, name, crate::AttachOptions { pool }) }
 }
 
 /// Detaches and frees the client (its service is unregistered).
@@ -366,14 +399,19 @@ pub unsafe extern "C" fn torus_send(
     })
 }
 
-fn fill(ev: &mut torus_event, e: &Event) -> Option<Vec<u8>> {
-    *ev = torus_event::default();
-    let peer = |p: (u16, u16, u16)| torus_addr {
+/// A server as an address (service 0).
+fn server(p: (u16, u16, u16)) -> torus_addr {
+    torus_addr {
         x: p.0,
         y: p.1,
         z: p.2,
         service: 0,
-    };
+    }
+}
+
+fn fill(ev: &mut torus_event, e: &Event) -> Option<Vec<u8>> {
+    *ev = torus_event::default();
+    let peer = server;
     let reason = |r: FailReason| i32::from(r.code());
     match e {
         Event::Message {
@@ -454,38 +492,10 @@ fn fill(ev: &mut torus_event, e: &Event) -> Option<Vec<u8>> {
             ev.kind = TORUS_EV_OVERFLOW;
             ev.count = *dropped;
         }
-        Event::RemoteDone { op, status, bytes } => {
-            ev.kind = TORUS_EV_REMOTE_DONE;
-            ev.tag = *op;
-            ev.reason = *status as c_int;
-            ev.count = *bytes;
+        Event::RemoteDone { .. } | Event::Tripwire { .. } | Event::Written { .. } => {
+            rmem::fill(ev, e);
         }
-        Event::Tripwire {
-            id,
-            region,
-            offset,
-            len,
-            from,
-        } => {
-            ev.kind = TORUS_EV_TRIPWIRE;
-            ev.from = peer(*from);
-            ev.tag = *id;
-            ev.key = u64::from(*region);
-            ev.count = *offset;
-            ev.len = *len as usize;
-        }
-        Event::Written {
-            region,
-            offset,
-            len,
-            from,
-        } => {
-            ev.kind = TORUS_EV_WRITTEN;
-            ev.from = peer(*from);
-            ev.key = u64::from(*region);
-            ev.count = *offset;
-            ev.len = *len as usize;
-        }
+        Event::LongOffer(_) | Event::LongDone { .. } => return long::fill(ev, e),
     }
     None
 }

@@ -6,10 +6,12 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::time::{Duration, Instant};
 
-use super::{bytes, code, guard, invalid, set_error, torus_client, TORUS_BWD_FENCE};
+use super::TORUS_EV_WRITTEN;
+use super::{bytes, code, guard, invalid, server as peer, set_error, torus_client};
+use super::{torus_event, TORUS_BWD_FENCE, TORUS_EV_REMOTE_DONE, TORUS_EV_TRIPWIRE};
 use super::{TORUS_EINVAL, TORUS_ETIMEDOUT, TORUS_FWD_FENCE};
 use crate::rmem::{self, Capability, Status, CAP_LEN};
-use crate::{Error, LocalRegion, RemoteOptions};
+use crate::{Error, Event, LocalRegion, RemoteOptions};
 
 /// A capability: its encoding, plain bytes to pass in any message.
 #[repr(C)]
@@ -52,7 +54,7 @@ fn remote_opts(flags: c_uint) -> RemoteOptions {
     }
 }
 
-fn region_of(r: &torus_region) -> Option<LocalRegion> {
+pub(super) fn region_of(r: &torus_region) -> Option<LocalRegion> {
     Some(LocalRegion {
         id: r.id,
         pool_offset: r.pool_offset,
@@ -467,4 +469,43 @@ pub unsafe extern "C" fn torus_region_read(
             _ => invalid("not a registered region, or the bytes do not fit it"),
         }
     })
+}
+
+/// Fills `ev` from a remote-memory event.
+pub(super) fn fill(ev: &mut torus_event, e: &Event) {
+    match e {
+        Event::RemoteDone { op, status, bytes } => {
+            ev.kind = TORUS_EV_REMOTE_DONE;
+            ev.tag = *op;
+            ev.reason = *status as c_int;
+            ev.count = *bytes;
+        }
+        Event::Tripwire {
+            id,
+            region,
+            offset,
+            len,
+            from,
+        } => {
+            ev.kind = TORUS_EV_TRIPWIRE;
+            ev.from = peer(*from);
+            ev.tag = *id;
+            ev.key = u64::from(*region);
+            ev.count = *offset;
+            ev.len = *len as usize;
+        }
+        Event::Written {
+            region,
+            offset,
+            len,
+            from,
+        } => {
+            ev.kind = TORUS_EV_WRITTEN;
+            ev.from = peer(*from);
+            ev.key = u64::from(*region);
+            ev.count = *offset;
+            ev.len = *len as usize;
+        }
+        _ => {}
+    }
 }

@@ -188,6 +188,22 @@ fn attach_name(req: &Value) -> Result<&str, String> {
     Ok(name)
 }
 
+/// The pool an attach request asks for (`"pool"`, bytes; the default otherwise), rounded up
+/// to whole pages, within `[apps] max_pool_mib`.
+fn attach_pool(req: &Value, cfg: &AppsConfig) -> Result<u64, String> {
+    let Some(v) = req.get("pool") else {
+        return Ok(Geometry::default().pool_size);
+    };
+    let asked = v.as_u64().ok_or("attach: \"pool\" is a number of bytes")?;
+    if asked > cfg.max_pool {
+        return Err(format!(
+            "a pool of {asked} bytes is more than this torusd gives an application ({} MiB: [apps] max_pool_mib)",
+            cfg.max_pool >> 20
+        ));
+    }
+    Ok(asked.div_ceil(4096) * 4096)
+}
+
 /// Lists `info` among the attached applications, unless its service id is taken or the
 /// host is full (applications that died are forgotten first).
 fn enlist(shared: &Shared, cfg: &AppsConfig, info: &Arc<AppInfo>) -> Result<(), String> {
@@ -223,6 +239,7 @@ fn attach(
 ) -> Result<Arc<AppInfo>, String> {
     let (pid, uid) = admit_peer(s, cfg, gid)?;
     let name = attach_name(req)?;
+    let pool_size = attach_pool(req, cfg)?;
     let service = channel::service_id(name);
     let info = Arc::new(AppInfo {
         name: name.to_string(),
@@ -243,7 +260,10 @@ fn attach(
         info.dead.store(true, Ordering::Release);
         e
     };
-    let geo = Geometry::default();
+    let geo = Geometry {
+        pool_size,
+        ..Geometry::default()
+    };
     let len = geo.total() as usize;
     let mem = sys::memfd(&format!("torusnet-app-{name}"), len)
         .map_err(|e| fail(format!("cannot create the channel: {e}")))?;

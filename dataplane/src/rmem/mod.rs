@@ -772,36 +772,47 @@ impl RmemService {
                     self.send(src, m.encode(), rel(0, Fences::default()));
                     return;
                 }
-                let mut buf = vec![0u8; len as usize];
-                let r = self.rm.table.lock().read(
+                // Checked whole first (all or nothing, as before the bytes moved), then each
+                // frame-sized piece read from the region straight into its message; a piece
+                // refused after all (revoked meanwhile by another thread) ends the read.
+                let whole = self.rm.table.lock().check_read(
                     cookie,
                     owner,
                     region,
                     offset,
-                    &mut buf,
+                    len,
                     Instant::now(),
                 );
-                match r {
-                    Ok(()) => {
-                        add(&self.rm.counters.bytes_read, len);
-                        let chunk = self.chunk + wire::WRITE_HEADER - wire::READ_DATA_HEADER;
-                        for (k, c) in buf.chunks(chunk).enumerate() {
-                            let m = Msg::ReadData {
-                                op,
-                                pos: (k * chunk) as u64,
-                                data: c,
-                            };
-                            self.send(src, m.encode(), rel(0, Fences::default()));
+                let chunk = (self.chunk + wire::WRITE_HEADER - wire::READ_DATA_HEADER) as u64;
+                let mut pos = 0;
+                let mut status = whole.err();
+                while status.is_none() && pos < len {
+                    let n = (len - pos).min(chunk);
+                    let mut m = wire::read_data_message(op, pos, n as usize);
+                    let r = self.rm.table.lock().read(
+                        cookie,
+                        owner,
+                        region,
+                        offset.saturating_add(pos),
+                        &mut m[wire::READ_DATA_HEADER..],
+                        Instant::now(),
+                    );
+                    match r {
+                        Ok(()) => {
+                            self.send(src, m, rel(0, Fences::default()));
+                            add(&self.rm.counters.bytes_read, n);
+                            pos += n;
                         }
+                        Err(s) => status = Some(s),
                     }
-                    Err(status) => {
-                        let m = Msg::Result {
-                            op,
-                            status,
-                            bytes: 0,
-                        };
-                        self.send(src, m.encode(), rel(0, Fences::default()));
-                    }
+                }
+                if let Some(status) = status {
+                    let m = Msg::Result {
+                        op,
+                        status,
+                        bytes: 0,
+                    };
+                    self.send(src, m.encode(), rel(0, Fences::default()));
                 }
             }
             Msg::Result { op, status, bytes } => {

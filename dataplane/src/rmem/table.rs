@@ -358,6 +358,26 @@ impl Table {
         Ok(Landed { tripwires })
     }
 
+    /// Whether a remote read of `len` bytes at region offset `offset` would be allowed (the
+    /// checks of [`Table::read`] without the bytes).
+    pub fn check_read(
+        &mut self,
+        cookie: u64,
+        owner: u16,
+        region: u32,
+        offset: u64,
+        len: u64,
+        now: Instant,
+    ) -> Result<(), Status> {
+        self.check(cookie, owner, region, offset, len, READ, now)?;
+        let reg = self.regions.get(&(owner, region)).ok_or(Status::NoRegion)?;
+        if offset.checked_add(len).is_some_and(|e| e <= reg.mem.len()) {
+            Ok(())
+        } else {
+            Err(Status::OutOfRange)
+        }
+    }
+
     /// A remote read of `out.len()` bytes at region offset `offset`.
     pub fn read(
         &mut self,

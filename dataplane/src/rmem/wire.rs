@@ -110,6 +110,17 @@ pub const WRITE_HEADER: usize = 1 + 8 + 8 + 2 + 4 + 8 + 8 + 8 + 1;
 /// Bytes of a `ReadData` before its data.
 pub const READ_DATA_HEADER: usize = 1 + 8 + 8;
 
+/// A `ReadData` message of `len` bytes at `pos` of read `op`, its bytes zero: the target
+/// reads the region straight into `[READ_DATA_HEADER..]` (no copy of the bytes in between).
+pub fn read_data_message(op: u64, pos: u64, len: usize) -> Vec<u8> {
+    let mut o = Vec::with_capacity(READ_DATA_HEADER + len);
+    o.push(3);
+    o.extend_from_slice(&op.to_le_bytes());
+    o.extend_from_slice(&pos.to_le_bytes());
+    o.resize(READ_DATA_HEADER + len, 0);
+    o
+}
+
 /// Writes a `Write`'s header into `h` (at least [`WRITE_HEADER`] bytes).
 #[allow(clippy::too_many_arguments)]
 pub fn put_write_header(

@@ -445,7 +445,7 @@ impl AppsHost {
                 // The app header: who sends (stamped here, never taken from the app), kind.
                 let wire_kind = if e.flags & sflag::INTO_BUFFER != 0 {
                     kind::INTO_BUFFER
-                } else if matches!(e.kind, kind::DATA | kind::RPC_REQUEST | kind::RPC_REPLY) {
+                } else if kind::is_message(e.kind) {
                     e.kind
                 } else {
                     return bad(a);
@@ -598,7 +598,7 @@ impl AppsHost {
                 };
                 self.enqueue(i, e, &[]);
             }
-            kind::DATA | kind::RPC_REQUEST | kind::RPC_REPLY => {
+            k if kind::is_message(k) => {
                 self.apps[i]
                     .info
                     .counters
