@@ -301,6 +301,10 @@ def remote_memory():
     print(f"   refused: a guessed cookie -> \"{v['wrong_cookie']}\", a write with a read-only capability -> "
           f"\"{v['read_only_write']}\"; CLAN's message queue: {v['queue_messages']} checked messages at "
           f"{v['queue_per_s']:.0f}/s (docs/remote-memory.md)")
+    if "long_bytes" in v:
+        print(f"   long send (libRIPC): 2,2,2 offered {v['long_bytes'] >> 20} MiB, 0,0,0 pulled them with remote reads "
+              f"into its own memory at {v['long_gbps']} Gb/s, byte-exact {v['long_exact']}, the sender told "
+              f"{v['long_end']} (it did no work while they moved)")
 
 
 def trees():

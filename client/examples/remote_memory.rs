@@ -1,8 +1,10 @@
 //! Remote memory between two servers: an owner attached to one torusd registers a region and
 //! arms a tripwire; an initiator attached to another writes 4 MiB into it in 64 KiB one-sided
 //! writes, reads it all back into its own region, is refused with a wrong cookie and with a
-//! read-only capability, and sends checked messages through CLAN's message queue. Prints one
-//! JSON line; exits 0 when everything came back byte-exact.
+//! read-only capability, and sends checked messages through CLAN's message queue; then the
+//! owner offers it 32 MiB as a long send (libRIPC), which the initiator pulls with remote
+//! reads into its own memory. Prints one JSON line; exits 0 when everything came back
+//! byte-exact.
 //!
 //! `remote_memory OWNER_SOCKET INITIATOR_SOCKET` (the sockets are files: one process can
 //! attach to torusds in different network namespaces).
@@ -11,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use torusnet_client::queue::{QueueReceiver, QueueSender};
 use torusnet_client::rmem::{Status, READ, WRITE};
-use torusnet_client::{Client, Error, Event, RemoteOptions, Wait};
+use torusnet_client::{AttachOptions, Client, Dest, Error, Event, LongEnd, LongOptions};
+use torusnet_client::{RemoteOptions, Wait};
 
 fn bytes(seed: u64, n: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -54,8 +57,10 @@ fn main() -> Result<(), Error> {
         std::process::exit(2);
     };
     let pid = std::process::id();
-    let owner = Client::attach(&owner_sock, &format!("rm-demo-owner-{pid}"))?;
-    let init = Client::attach(&init_sock, &format!("rm-demo-init-{pid}"))?;
+    // Pools with room for the long send's 32 MiB at each end.
+    let pool = AttachOptions { pool: 48 << 20 };
+    let owner = Client::attach_with(&owner_sock, &format!("rm-demo-owner-{pid}"), pool)?;
+    let init = Client::attach_with(&init_sock, &format!("rm-demo-init-{pid}"), pool)?;
     const LEN: usize = 4 << 20;
     let region = owner.register_region(LEN as u64, READ | WRITE)?;
     let trip = owner.arm_tripwire(&region, 0, 64)?;
@@ -128,16 +133,61 @@ fn main() -> Result<(), Error> {
         r.join().unwrap_or(Ok(0))
     })?;
     let q_rate = got as f64 / t2.elapsed().as_secs_f64();
-    let ok = failed.is_empty() && read_ok && owner_ok && tripped && got == n;
+
+    // A long send: the owner offers 32 MiB of a region; the initiator pulls them.
+    const LONG: usize = 32 << 20;
+    let long_data = bytes(7, LONG);
+    let src = owner.register_region(LONG as u64, READ)?;
+    let dst = init.register_region(LONG as u64, READ | WRITE)?;
+    let filled = owner.region_write(&src, 0, &long_data);
+    let t3 = Instant::now();
+    let offer = owner.send_long(
+        Dest::Service(init.address()),
+        &src,
+        0,
+        LONG as u64,
+        LongOptions::default(),
+    )?;
+    let mut pulled = false;
+    while let Some(e) = init.recv(Wait::Timeout(Duration::from_secs(10)))? {
+        if let Event::LongOffer(o) = e {
+            init.pull(&o, &dst, 0, Duration::from_secs(30))?;
+            pulled = true;
+            break;
+        }
+    }
+    let long_s = t3.elapsed().as_secs_f64();
+    let mut end = None;
+    while let Some(e) = owner.recv(Wait::Timeout(Duration::from_secs(10)))? {
+        if let Event::LongDone {
+            offer: o, end: e, ..
+        } = e
+        {
+            if o == offer {
+                end = Some(e);
+                break;
+            }
+        }
+    }
+    let mut long_back = vec![0u8; LONG];
+    let long_ok = filled
+        && pulled
+        && end == Some(LongEnd::Pulled)
+        && init.region_read(&dst, 0, &mut long_back)
+        && long_back == long_data;
+    let ok = failed.is_empty() && read_ok && owner_ok && tripped && got == n && long_ok;
     println!(
         "{{\"ok\":{ok},\"from\":\"{}\",\"to\":\"{}\",\"bytes\":{LEN},\"write_gbps\":{:.2},\"read_gbps\":{:.2},\
 \"write_failures\":{},\"read_back_exact\":{read_ok},\"owner_exact\":{owner_ok},\"tripwire\":{tripped},\
-\"wrong_cookie\":\"{bad_cookie}\",\"read_only_write\":\"{no_right}\",\"queue_messages\":{got},\"queue_per_s\":{q_rate:.0}}}",
+\"wrong_cookie\":\"{bad_cookie}\",\"read_only_write\":\"{no_right}\",\"queue_messages\":{got},\"queue_per_s\":{q_rate:.0},\
+\"long_bytes\":{LONG},\"long_gbps\":{:.2},\"long_exact\":{long_ok},\"long_end\":\"{}\"}}",
         coord(init.address().server),
         coord(owner.address().server),
         LEN as f64 * 8.0 / write_s / 1e9,
         LEN as f64 * 8.0 / read_s / 1e9,
         failed.len(),
+        LONG as f64 * 8.0 / long_s / 1e9,
+        end.map_or("none".to_string(), |e| format!("{e:?}")),
     );
     std::process::exit(if ok { 0 } else { 1 });
 }
