@@ -259,6 +259,30 @@ int torus_pull(torus_client *c, const void *offer, size_t offer_len, const torus
 /* Declines an offer: its sender may reuse the bytes. */
 int torus_decline(torus_client *c, const void *offer, size_t offer_len);
 
+/* CLAN's message queue on remote memory: the receiver's ring of `slots` slots of `slot`
+ * bytes (4 of them the length), filled by the sender's one-sided writes. Each end attaches a
+ * client of its own (a queue takes its client's events while it waits) and detaches it
+ * when freed. Receiver: its ring's capability goes to *ring, for the sender; the sender's
+ * read-index capability (*read) goes back to torus_queue_connect. */
+typedef struct torus_queue_rx torus_queue_rx;
+typedef struct torus_queue_tx torus_queue_tx;
+torus_queue_rx *torus_queue_receiver(const char *socket, const char *name, uint64_t slots,
+                                     uint64_t slot, torus_cap *ring);
+int torus_queue_connect(torus_queue_rx *q, const torus_cap *read);
+/* 1 with a message (length in *len), 0 when none came within timeout_ms, TORUS_ETOOBIG
+ * (kept; *len says how big) or an error. */
+int torus_queue_recv(torus_queue_rx *q, void *buf, size_t cap, size_t *len, int timeout_ms);
+void torus_queue_receiver_free(torus_queue_rx *q);
+torus_queue_tx *torus_queue_sender(const char *socket, const char *name, const torus_cap *ring,
+                                   uint64_t slots, uint64_t slot, torus_cap *read);
+/* push: into the next slot, not yet announced; publish: announce what was pushed; send:
+ * both; flush: wait until every write completed. */
+int torus_queue_push(torus_queue_tx *q, const void *data, size_t len, int timeout_ms);
+int torus_queue_publish(torus_queue_tx *q);
+int torus_queue_send(torus_queue_tx *q, const void *data, size_t len, int timeout_ms);
+int torus_queue_flush(torus_queue_tx *q, int timeout_ms);
+void torus_queue_sender_free(torus_queue_tx *q);
+
 #ifdef __cplusplus
 }
 #endif

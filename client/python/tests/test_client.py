@@ -475,3 +475,34 @@ def test_long_send_pulled_by_its_receiver(torus):
         # The late pull told the sender, whose offer had ended: nothing more for it.
         ev = tx.recv(0.5)
         assert ev is None or ev.kind != torusnet.LONG_DONE or ev.tag != offer_id
+
+
+def test_clan_message_queue_from_python(torus):
+    """CLAN's message queue through the C ABI: 3000 checked messages from 0,0,0 into a ring
+    on 1,0,0, pushed in batches and published, the receiver's read index flowing back."""
+    with torusnet.QueueReceiver(sock("1-0-0"), "py-q-rx", slots=64, slot=256) as rx, \
+            torusnet.QueueSender(sock("0-0-0"), "py-q-tx", rx.ring, slots=64, slot=256) as tx:
+        rx.connect(tx.read)
+        n, got = 3000, []
+        msgs = [os.urandom(1 + k % 250) for k in range(n)]
+        import threading
+
+        def read():
+            while len(got) < n:
+                m = rx.recv(5.0)
+                if m is None:
+                    return
+                got.append(m)
+
+        t = threading.Thread(target=read)
+        t.start()
+        for k in range(0, n, 10):
+            for m in msgs[k:k + 10]:
+                tx.push(m)
+            tx.publish()
+        tx.flush()
+        t.join(30)
+        assert got == msgs
+        # Too large for a slot: refused at once.
+        with pytest.raises(torusnet.TorusError):
+            tx.send(b"x" * 300)

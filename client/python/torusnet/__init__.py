@@ -22,7 +22,8 @@ from typing import Callable, List, Optional, Union
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Address", "Key", "Name", "Buffer", "Region", "Event", "Destination",
+    "Client", "QueueReceiver", "QueueSender", "Address", "Key", "Name", "Buffer", "Region",
+    "Event", "Destination",
     "TorusError", "WouldBlock", "service_id", "rm_status_name",
     "MESSAGE", "REQUEST", "ACKED", "FAILED", "PEER_RESET", "UNREACHABLE", "REACHABLE",
     "BUFFER_FILLED", "BUFFER_MISSED", "OVERFLOW", "REMOTE_DONE", "TRIPWIRE", "WRITTEN",
@@ -208,6 +209,19 @@ _lib.torus_send_long.argtypes = [_P, ctypes.POINTER(_Dest), _PR, _U64, _U64, cty
                                  _PU64]
 _lib.torus_pull.argtypes = [_P, ctypes.c_char_p, ctypes.c_size_t, _PR, _U64, ctypes.c_int]
 _lib.torus_decline.argtypes = [_P, ctypes.c_char_p, ctypes.c_size_t]
+_lib.torus_queue_receiver.argtypes = [ctypes.c_char_p, ctypes.c_char_p, _U64, _U64, _PC]
+_lib.torus_queue_receiver.restype = _P
+_lib.torus_queue_connect.argtypes = [_P, _PC]
+_lib.torus_queue_recv.argtypes = [_P, ctypes.c_void_p, ctypes.c_size_t,
+                                  ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
+_lib.torus_queue_receiver_free.argtypes = [_P]
+_lib.torus_queue_sender.argtypes = [ctypes.c_char_p, ctypes.c_char_p, _PC, _U64, _U64, _PC]
+_lib.torus_queue_sender.restype = _P
+_lib.torus_queue_push.argtypes = [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+_lib.torus_queue_send.argtypes = [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+_lib.torus_queue_publish.argtypes = [_P]
+_lib.torus_queue_flush.argtypes = [_P, ctypes.c_int]
+_lib.torus_queue_sender_free.argtypes = [_P]
 
 
 def rm_status_name(status: int) -> str:
@@ -522,3 +536,96 @@ class Client:
     def decline(self, offer: bytes) -> None:
         """Declines an offered long message: its sender may reuse the bytes."""
         _check(_lib.torus_decline(self._c, bytes(offer), len(offer)))
+
+
+class QueueReceiver:
+    """The receiving end of CLAN's message queue (a context manager): a client of its own
+    attached as `name`, and a ring of `slots` slots of `slot` bytes in its memory. Hand
+    `ring` (a capability, bytes) to the sender, and connect() the sender's `read`."""
+
+    def __init__(self, socket: str, name: str, slots: int = 256, slot: int = 128) -> None:
+        ring = _Cap()
+        self._q = _lib.torus_queue_receiver(socket.encode(), name.encode(), slots, slot,
+                                            ctypes.byref(ring))
+        if not self._q:
+            raise TorusError(EREFUSED, _lib.torus_last_error().decode(errors="replace"))
+        self.ring = bytes(ring.bytes)
+        self._buf = ctypes.create_string_buffer(slot)
+
+    def connect(self, read: bytes) -> None:
+        """Takes the sender's capability for its read index."""
+        c = _cap(read)
+        _check(_lib.torus_queue_connect(self._q, ctypes.byref(c)))
+
+    def recv(self, timeout: float = 1.0) -> Optional[bytes]:
+        """The next message, or None when none came within `timeout` seconds."""
+        n = ctypes.c_size_t()
+        while True:
+            r = _lib.torus_queue_recv(self._q, self._buf, len(self._buf), ctypes.byref(n),
+                                      _ms(timeout))
+            if r == ETOOBIG:
+                self._buf = ctypes.create_string_buffer(n.value)
+                continue
+            _check(r)
+            return self._buf.raw[:n.value] if r == 1 else None
+
+    def close(self) -> None:
+        """Frees the queue; its client detaches."""
+        if self._q:
+            _lib.torus_queue_receiver_free(self._q)
+            self._q = None
+
+    def __enter__(self) -> "QueueReceiver":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class QueueSender:
+    """The sending end of CLAN's message queue (a context manager): a client of its own
+    attached as `name`, writing into the receiver's `ring`; hand `read` (a capability,
+    bytes) to the receiver's connect()."""
+
+    def __init__(self, socket: str, name: str, ring: bytes, slots: int = 256,
+                 slot: int = 128) -> None:
+        c, read = _cap(ring), _Cap()
+        self._q = _lib.torus_queue_sender(socket.encode(), name.encode(), ctypes.byref(c),
+                                          slots, slot, ctypes.byref(read))
+        if not self._q:
+            raise TorusError(EREFUSED, _lib.torus_last_error().decode(errors="replace"))
+        self.read = bytes(read.bytes)
+
+    def push(self, data: bytes, timeout: float = 10.0) -> None:
+        """Writes a message into the next slot without announcing it (publish does)."""
+        _check(_lib.torus_queue_push(self._q, bytes(data), len(data), _ms(timeout)))
+
+    def publish(self) -> None:
+        """Announces every message pushed so far."""
+        _check(_lib.torus_queue_publish(self._q))
+
+    def send(self, data: bytes, timeout: float = 10.0) -> None:
+        """Pushes and publishes one message."""
+        _check(_lib.torus_queue_send(self._q, bytes(data), len(data), _ms(timeout)))
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Waits until every write so far has completed."""
+        _check(_lib.torus_queue_flush(self._q, _ms(timeout)))
+
+    def close(self) -> None:
+        """Frees the queue; its client detaches."""
+        if self._q:
+            _lib.torus_queue_sender_free(self._q)
+            self._q = None
+
+    def __enter__(self) -> "QueueSender":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()

@@ -12,8 +12,10 @@ use std::time::Duration;
 use crate::{Address, Client, Dest, Error, Event, FailReason, ReturnBuffer, SendOptions, Wait};
 
 mod long;
+mod queue;
 mod rmem;
 pub use long::*;
+pub use queue::*;
 pub use rmem::*;
 
 /// Would block: the channel is full.
