@@ -24,6 +24,8 @@ use torusnet_proto::sim::Sim;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Dims;
 
+use crate::churn_ledger::{Ledger, LedgerReport, SERVICE};
+
 /// How servers learn of failures and returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -59,6 +61,9 @@ pub struct ChurnOpts {
     pub seed: u64,
     /// Threads the simulator runs on.
     pub threads: usize,
+    /// Reliable messages to keys (which follow their roots) instead of key-routed short
+    /// ones, each followed to its end by [`crate::churn_ledger`].
+    pub reliable: bool,
 }
 
 impl ChurnOpts {
@@ -76,6 +81,7 @@ impl ChurnOpts {
             holddown_ms: 200.0,
             seed: 1,
             threads: 1,
+            reliable: false,
         }
     }
 }
@@ -120,6 +126,9 @@ pub struct ChurnReport {
     pub wall_s: f64,
     /// Peak resident memory of the run, MiB.
     pub peak_mib: f64,
+    /// With `--reliable`: every reliable message's end.
+    #[serde(flatten)]
+    pub ledger: Option<LedgerReport>,
 }
 
 /// The oracle's global knowledge at one moment.
@@ -178,6 +187,16 @@ impl Truth {
         });
         root != Some(self.dims.coord(server))
     }
+
+    /// Whether `key` had a root `server` could reach at `t`.
+    fn has_root(&self, key: u64, server: usize, t: Time) -> bool {
+        let here = self.comp[server];
+        keyspace::root(self.dims, key, |c| {
+            let i = self.dims.index(c);
+            self.alive[i] && self.active[i].is_some_and(|a| a <= t) && self.comp[i] == here
+        })
+        .is_some()
+    }
 }
 
 /// Key-routed short messages under churn on the torus of `cfg`; see the module comment
@@ -213,6 +232,7 @@ pub fn churn(o: &ChurnOpts, cfg: torusnet_proto::sim::SimConfig) -> Result<Churn
     }
     let mut rng = SplitMix64::new(o.seed);
     let mut truth = Truth::new(dims);
+    let mut ledger = Ledger::default();
     let ndown = (((n as f64) * o.down_pct / 100.0).round() as usize).min(n.saturating_sub(2));
     // Servers down, longest-down first: each failure brings the longest-down back, so the
     // down fraction holds.
@@ -266,6 +286,7 @@ pub fn churn(o: &ChurnOpts, cfg: torusnet_proto::sim::SimConfig) -> Result<Churn
             let victim = alive[rng.below(alive.len() as u64) as usize];
             truth.alive[victim] = false;
             sim.crash(dims.coord(victim));
+            ledger.crashed(victim, t);
             failures += 1;
             changed = true;
             if let Some(back) = downs.pop_front() {
@@ -311,6 +332,25 @@ pub fn churn(o: &ChurnOpts, cfg: torusnet_proto::sim::SimConfig) -> Result<Churn
             while *carry >= 1.0 {
                 *carry -= 1.0;
                 let key = rng.next_u64();
+                if o.reliable {
+                    let id = sent + refused + 1;
+                    let mut data = id.to_le_bytes().to_vec();
+                    data.extend_from_slice(&key.to_be_bytes());
+                    let opts = MsgOptions {
+                        reliable: true,
+                        tag: id,
+                        from: Some(SERVICE),
+                        ..MsgOptions::default()
+                    };
+                    match sim.send(i, Target::Key(key), SERVICE, &data, opts) {
+                        Ok(()) => {
+                            sent += 1;
+                            ledger.sent(id, i, key, t);
+                        }
+                        Err(_) => refused += 1,
+                    }
+                    continue;
+                }
                 let opts = MsgOptions::default();
                 match sim.send(i, Target::Key(key), 4, &key.to_be_bytes(), opts) {
                     Ok(()) => sent += 1,
@@ -321,27 +361,35 @@ pub fn churn(o: &ChurnOpts, cfg: torusnet_proto::sim::SimConfig) -> Result<Churn
         t = t + tick;
         let shared = (!own).then(|| sim.view().clone());
         sim.run_until(t, |at, server, e| {
+            let judge = |key: u64, server: usize, at: Time| match &shared {
+                Some(v) => shared_misdelivered(v, key, server),
+                None => truth.misdelivered(key, server, at),
+            };
             if let Event::Message { key: Some(key), .. } = e {
                 delivered += 1;
-                let bad = match &shared {
-                    Some(v) => shared_misdelivered(v, *key, server),
-                    None => truth.misdelivered(*key, server, at),
-                };
-                wrong += u64::from(bad);
+                wrong += u64::from(judge(*key, server, at));
             }
+            ledger.event(at, server, e, judge, |k, s, at| truth.has_root(k, s, at));
         });
     }
-    // Let the last messages arrive (no churn meanwhile).
+    // Let the last messages arrive (no churn meanwhile); reliable ones until every one has
+    // ended (their deadline).
     let shared = (!own).then(|| sim.view().clone());
-    sim.run_until(t + Duration::from_millis(5), |at, server, e| {
+    let drain = if o.reliable {
+        torusnet_proto::node::KEYED_DEADLINE + Duration::from_secs(1)
+    } else {
+        Duration::from_millis(5)
+    };
+    sim.run_until(t + drain, |at, server, e| {
+        let judge = |key: u64, server: usize, at: Time| match &shared {
+            Some(v) => shared_misdelivered(v, key, server),
+            None => truth.misdelivered(key, server, at),
+        };
         if let Event::Message { key: Some(key), .. } = e {
             delivered += 1;
-            let bad = match &shared {
-                Some(v) => shared_misdelivered(v, *key, server),
-                None => truth.misdelivered(*key, server, at),
-            };
-            wrong += u64::from(bad);
+            wrong += u64::from(judge(*key, server, at));
         }
+        ledger.event(at, server, e, judge, |k, s, at| truth.has_root(k, s, at));
     });
     let st = sim.stats();
     let by = |r: DropReason| {
@@ -391,6 +439,7 @@ pub fn churn(o: &ChurnOpts, cfg: torusnet_proto::sim::SimConfig) -> Result<Churn
         events_per_s: st.events as f64 / wall.max(1e-9),
         wall_s: wall,
         peak_mib: crate::procmem::peak_mib(),
+        ledger: o.reliable.then(|| ledger.finish()),
     })
 }
 

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod apps;
 mod baseline;
 mod churn;
+mod churn_ledger;
 mod ip;
 mod kv;
 mod kvtcp;

@@ -555,7 +555,8 @@ fn send_keys(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     Ok(wait(rx, Duration::from_secs(10)))
 }
 
-/// `{"cmd":"probe_keys","rate":N,"seed":S}`: continuous key-routed probes (rate 0 stops).
+/// `{"cmd":"probe_keys","rate":N,"seed":S,"reliable":B}`: continuous key-routed probes
+/// (rate 0 stops); reliable ones are reliable messages to the keys.
 fn probe_keys(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     let rate = req
         .get("rate")
@@ -563,10 +564,15 @@ fn probe_keys(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
         .filter(|r| *r <= 100_000)
         .ok_or("\"rate\": probes per second, 0..=100000 (0 stops)")?;
     let seed = req.get("seed").and_then(Value::as_u64).unwrap_or(1);
+    let reliable = match req.get("reliable") {
+        None => false,
+        Some(v) => v.as_bool().ok_or("\"reliable\": true or false")?,
+    };
     let (tx, rx) = mpsc::channel();
     let probe = KeysRequest::Probe {
         rate: rate as u32,
         seed,
+        reliable,
         reply: tx,
     };
     ask(d, SERVICES, KEYS, Box::new(probe))?;

@@ -52,11 +52,21 @@ impl Mesh {
         }
     }
 
+    /// Runs for `d` of mesh time (or until nothing moves); returns delivered events.
+    fn run_for(&mut self, d: std::time::Duration) -> Vec<Vec<Event>> {
+        let steps = (d.as_micros() / 100).max(1) as usize;
+        self.run_steps(steps)
+    }
+
     /// Runs until nothing moves; returns delivered events per node.
     fn run(&mut self) -> Vec<Vec<Event>> {
+        self.run_steps(100_000)
+    }
+
+    fn run_steps(&mut self, steps: usize) -> Vec<Vec<Event>> {
         let mut events = vec![Vec::new(); self.nodes.len()];
         let mut buf = vec![0u8; 1514];
-        for _ in 0..100_000 {
+        for _ in 0..steps {
             let mut moved = false;
             for i in 0..self.nodes.len() {
                 if !self.up[i] {
@@ -94,12 +104,17 @@ impl Mesh {
             for n in &mut self.nodes {
                 n.handle_timeout(self.now);
             }
-            let busy = self
-                .nodes
-                .iter()
-                .any(|n| n.has_pending() || n.transport().in_flight() > 0);
+            let busy = self.nodes.iter().any(|n| {
+                n.has_pending() || n.transport().in_flight() > 0 || n.pending_key_messages() > 0
+            });
             if !moved && !busy {
                 break;
+            }
+        }
+        // What the last timers reported.
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            while let Some(e) = n.poll_event() {
+                events[i].push(e);
             }
         }
         events
@@ -509,4 +524,196 @@ fn lending_hands_out_what_queueing_would_in_the_same_order() {
         }
         assert_eq!(nq, nl, "seed {seed}: delivered counts");
     }
+}
+
+/// The root of `k` when every server in `down` is down, and the one after it.
+fn roots(dims: Dims, k: u64, down: &[Coord]) -> Coord {
+    keyspace::root(dims, k, |c| !down.contains(&c)).unwrap()
+}
+
+/// Deliveries of reliable key messages, by server index: (server, key, data).
+fn keyed_deliveries(events: &[Vec<Event>]) -> Vec<(usize, u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (i, evs) in events.iter().enumerate() {
+        for e in evs {
+            if let Event::Message {
+                key: Some(k),
+                data,
+                reliable: true,
+                ..
+            } = e
+            {
+                out.push((i, *k, data.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// A reliable message to a key whose root fails before it arrives is sent again to the
+/// key's next root, without its sender's help, and delivered there once; its sender hears
+/// one acknowledgement, with its own tag and service.
+#[test]
+fn a_reliable_key_message_follows_its_root_when_the_root_fails() {
+    let dims = Dims::new(3, 3, 3).unwrap();
+    let mut view = LinkView::all_up(dims).unwrap();
+    let mut mesh = Mesh::new(dims, &view);
+    let sender = 0usize;
+    mesh.nodes[sender].notify_acks(40, true);
+    // Keys whose root is not the sender, and the root of the first.
+    let keys: Vec<u64> = (0..400u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .filter(|k| roots(dims, *k, &[]) != dims.coord(sender))
+        .take(60)
+        .collect();
+    let dead = roots(dims, keys[0], &[]);
+    // The root dies silently: its frames are lost; the views still show it.
+    mesh.up[dims.index(dead)] = false;
+    let opts = MsgOptions {
+        reliable: true,
+        tag: 0,
+        from: Some(40),
+        ..MsgOptions::default()
+    };
+    for (t, k) in keys.iter().enumerate() {
+        let o = MsgOptions {
+            tag: 1000 + t as u64,
+            ..opts
+        };
+        mesh.nodes[sender]
+            .send(mesh.now, Target::Key(*k), 41, &k.to_le_bytes(), o)
+            .unwrap();
+    }
+    let before = mesh.run_for(std::time::Duration::from_millis(20));
+    // The control plane declares it dead: what it holds is sent to the new roots.
+    view.set_server(dead, false).unwrap();
+    mesh.set_view(&view);
+    let after = mesh.run();
+    let all: Vec<Vec<Event>> = before
+        .into_iter()
+        .zip(after)
+        .map(|(mut a, b)| {
+            a.extend(b);
+            a
+        })
+        .collect();
+    let got = keyed_deliveries(&all);
+    for k in &keys {
+        let at: Vec<usize> = got.iter().filter(|g| g.1 == *k).map(|g| g.0).collect();
+        let root = roots(dims, *k, &[dead]);
+        assert_eq!(
+            at,
+            vec![dims.index(root)],
+            "key {k:016x}: delivered once, at its root"
+        );
+        let data = &got.iter().find(|g| g.1 == *k).unwrap().2;
+        assert_eq!(data, &k.to_le_bytes());
+    }
+    // Every message reported once, acknowledged, to its sending service with its tag.
+    let mut acked = 0;
+    let mut tags = Vec::new();
+    for e in &all[sender] {
+        match e {
+            Event::Acked {
+                service,
+                count,
+                last_tag,
+                ..
+            } => {
+                assert_eq!(*service, 40);
+                acked += count;
+                tags.push(*last_tag);
+            }
+            Event::Failed { .. } => panic!("a key message failed: {e:?}"),
+            _ => {}
+        }
+    }
+    assert_eq!(acked as usize, keys.len());
+    assert!(tags
+        .iter()
+        .all(|t| (1000..1000 + keys.len() as u64).contains(t)));
+    assert!(mesh.nodes[sender].keyed_stats().resent > 0);
+    assert_eq!(mesh.nodes[sender].pending_key_messages(), 0);
+}
+
+/// A server that is not a key's root in its own view refuses a reliable message to the key
+/// before any service sees it; the sender keeps trying until its view moves, then delivers
+/// at the root; and when no root takes it by the deadline it reports it failed, once.
+#[test]
+fn a_key_message_is_taken_only_by_a_root_and_fails_only_at_its_deadline() {
+    let dims = Dims::new(3, 3, 3).unwrap();
+    let full = LinkView::all_up(dims).unwrap();
+    let mut mesh = Mesh::new(dims, &full);
+    let sender = 0usize;
+    mesh.nodes[sender].notify_acks(40, true);
+    let k = (1..1000u64)
+        .map(|i| i.wrapping_mul(0x2545_F491_4F6C_DD1D))
+        .find(|k| {
+            let a = roots(dims, *k, &[]);
+            a != dims.coord(sender) && roots(dims, *k, &[a]) != dims.coord(sender)
+        })
+        .unwrap();
+    let a = roots(dims, k, &[]);
+    let b = roots(dims, k, &[a]);
+    // The sender believes the root `a` is down; `b` and everyone else know it is up.
+    let mut stale = full.clone();
+    stale.set_server(a, false).unwrap();
+    mesh.nodes[sender].set_view(stale.clone()).unwrap();
+    let opts = MsgOptions {
+        reliable: true,
+        tag: 7,
+        from: Some(40),
+        ..MsgOptions::default()
+    };
+    mesh.nodes[sender]
+        .send(mesh.now, Target::Key(k), 41, b"first", opts)
+        .unwrap();
+    // Run a while: `b` refuses, the sender tries again and again (nobody delivers).
+    for _ in 0..20 {
+        let evs = mesh.run_for(std::time::Duration::from_millis(5));
+        assert!(
+            keyed_deliveries(&evs).is_empty(),
+            "{b} is not the root in its view"
+        );
+    }
+    assert_eq!(mesh.nodes[sender].pending_key_messages(), 1);
+    // The sender's view catches up: delivered at `a`, once.
+    mesh.nodes[sender].set_view(full.clone()).unwrap();
+    let evs = mesh.run();
+    let got = keyed_deliveries(&evs);
+    assert_eq!(got, vec![(dims.index(a), k, b"first".to_vec())]);
+    assert!(evs[sender].iter().any(|e| matches!(
+        e,
+        Event::Acked {
+            service: 40,
+            last_tag: 7,
+            ..
+        }
+    )));
+
+    // Never: the sender's view stays stale; after the deadline, one failure report.
+    mesh.nodes[sender].set_view(stale).unwrap();
+    let opts = MsgOptions { tag: 8, ..opts };
+    mesh.nodes[sender]
+        .send(mesh.now, Target::Key(k), 41, b"second", opts)
+        .unwrap();
+    let start = mesh.now;
+    let evs = mesh.run();
+    assert!(keyed_deliveries(&evs).is_empty());
+    let failed: Vec<&Event> = evs[sender]
+        .iter()
+        .filter(|e| matches!(e, Event::Failed { .. }))
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(matches!(
+        failed[0],
+        Event::Failed { service: 40, tags, reason: torusnet_proto::transport::FailReason::Unreachable, .. }
+            if tags == &vec![8]
+    ));
+    let took = mesh.now.since(start);
+    assert!(
+        took >= torusnet_proto::node::KEYED_DEADLINE,
+        "failed after {took:?}, before its deadline"
+    );
+    assert_eq!(mesh.nodes[sender].pending_key_messages(), 0);
 }

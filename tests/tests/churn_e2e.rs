@@ -1,9 +1,12 @@
 //! Churn on real daemons (issue 23): a 3x3x3 torus of namespaces where servers are killed
 //! (both daemons, SIGKILL) and restarted at random, about three down at a time, while every
 //! live server sends key-routed probes continuously (the built-in key service, journalled
-//! with wall-clock times). An oracle then judges every delivery against the servers truly
-//! alive and holding keys at that moment, and the key-space mapping: misdelivered (target 0)
-//! and dropped are reported (target/e2e-reports/churn.json) and checked. Needs root.
+//! with wall-clock times); half of them send reliable messages to the keys instead (which
+//! follow their roots: the engine's `keyed` contract). An oracle then judges every delivery
+//! against the servers truly alive and holding keys at that moment, and the key-space
+//! mapping: misdelivered (target 0) and dropped are reported (target/e2e-reports/churn.json)
+//! and checked; every reliable message must end delivered once or reported failed, a
+//! second copy only after the first one's server was killed. Needs root.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -49,6 +52,13 @@ impl Lives {
         self.0
             .get(&c)
             .is_some_and(|v| v.iter().any(|(a, b)| *a <= t && t < *b))
+    }
+
+    /// Whether `c` was killed at some moment in `from..=to`.
+    fn killed_within(&self, c: Coord, from: u64, to: u64) -> bool {
+        self.0
+            .get(&c)
+            .is_some_and(|v| v.iter().any(|(_, end)| (from..=to).contains(end)))
     }
 
     fn root(&self, dims: Dims, key: u64, t: u64) -> Option<Coord> {
@@ -101,8 +111,14 @@ fn active_at(t: &Torus, c: Coord) -> Option<u64> {
     st["coord"].is_array().then_some(at)
 }
 
+/// Half the servers probe with reliable messages to keys.
+fn reliable_prober(dims: Dims, c: Coord) -> bool {
+    dims.index(c) % 2 == 1
+}
+
 fn start_probes(t: &Torus, c: Coord, seed: u64) -> bool {
-    let req = json!({"cmd": "probe_keys", "rate": RATE, "seed": seed});
+    let reliable = reliable_prober(t.dims, c);
+    let req = json!({"cmd": "probe_keys", "rate": RATE, "seed": seed, "reliable": reliable});
     t.ask_within(c, &req, Duration::from_secs(2))
         .is_ok_and(|v| v["probing"] == json!(true))
 }
@@ -218,8 +234,8 @@ fn churn_on_real_daemons_misdelivers_nothing() {
             Duration::from_secs(2),
         );
     }
-    // What is on its way arrives.
-    std::thread::sleep(Duration::from_secs(1));
+    // What is on its way arrives; a reliable message ends by its deadline.
+    std::thread::sleep(torusnet_proto::node::KEYED_DEADLINE + Duration::from_secs(1));
     // A take-over instant that changed after it was read (a link flapped while the server
     // came back) would make the oracle's lives wrong: check each live server's last.
     let mut moved = Vec::new();
@@ -233,6 +249,8 @@ fn churn_on_real_daemons_misdelivers_nothing() {
 
     // The oracle.
     let mut sent: HashMap<u64, (Coord, u64)> = HashMap::new();
+    let mut sent_reliable: HashMap<u64, (Coord, u64)> = HashMap::new();
+    let mut failed: HashMap<u64, String> = HashMap::new();
     let mut delivered: Vec<(u64, Coord, u64)> = Vec::new();
     for c in dims.coords() {
         let text = std::fs::read_to_string(journal(&t, c)).unwrap_or_default();
@@ -243,9 +261,17 @@ fn churn_on_real_daemons_misdelivers_nothing() {
                     let k = u64::from_str_radix(k, 16).expect("key in journal");
                     sent.insert(k, (c, at.parse().expect("time in journal")));
                 }
+                ["R", k, at] => {
+                    let k = u64::from_str_radix(k, 16).expect("key in journal");
+                    sent_reliable.insert(k, (c, at.parse().expect("time in journal")));
+                }
                 ["D", k, _src, at] => {
                     let k = u64::from_str_radix(k, 16).expect("key in journal");
                     delivered.push((k, c, at.parse().expect("time in journal")));
+                }
+                ["F", k, why, _at] => {
+                    let k = u64::from_str_radix(k, 16).expect("key in journal");
+                    failed.insert(k, why.to_string());
                 }
                 _ => {}
             }
@@ -253,13 +279,25 @@ fn churn_on_real_daemons_misdelivers_nothing() {
     }
     let mut wrong = Vec::new();
     let (mut in_window, mut duplicates, mut unmatched) = (0u64, 0u64, 0u64);
-    let mut seen = HashSet::new();
+    // Reliable: a second copy after the first one's server was killed (the contract's
+    // case), or any other.
+    let (mut again_after_kill, mut again) = (0u64, 0u64);
+    let mut seen: HashMap<u64, (Coord, u64)> = HashMap::new();
     let mut skews = Vec::new();
+    delivered.sort_by_key(|d| d.2);
     for (k, at_server, at) in &delivered {
-        if !seen.insert(*k) {
-            duplicates += 1;
+        if let Some((first, t1)) = seen.get(k).copied() {
+            if !sent_reliable.contains_key(k) {
+                duplicates += 1;
+            } else if lives.killed_within(first, t1, *at) {
+                again_after_kill += 1;
+            } else {
+                again += 1;
+            }
+        } else {
+            seen.insert(*k, (*at_server, *at));
         }
-        if !sent.contains_key(k) {
+        if !sent.contains_key(k) && !sent_reliable.contains_key(k) {
             unmatched += 1;
         }
         let roots = lives.roots_around(dims, *k, *at);
@@ -276,7 +314,27 @@ fn churn_on_real_daemons_misdelivers_nothing() {
     skews.sort_unstable();
     let worst_skew_ms = skews.last().map_or(0.0, |s| *s as f64 / 1000.0);
     let late = skews.iter().filter(|s| **s > 0).count();
-    let dropped = sent.keys().filter(|k| !seen.contains(*k)).count() as u64;
+    let dropped = sent.keys().filter(|k| !seen.contains_key(*k)).count() as u64;
+    // Every reliable message ends delivered or reported failed, unless its sender was
+    // killed before it could (its records went with it).
+    let (mut lost, mut lost_with_sender, mut failed_delivered) = (0u64, 0u64, 0u64);
+    let mut lost_keys = Vec::new();
+    for (k, (c, at)) in &sent_reliable {
+        let got = seen.contains_key(k);
+        if got && failed.contains_key(k) {
+            failed_delivered += 1;
+        }
+        if got || failed.contains_key(k) {
+            continue;
+        }
+        let window = torusnet_proto::node::KEYED_DEADLINE.as_micros() as u64 + 1_000_000;
+        if lives.killed_within(*c, *at, at + window) {
+            lost_with_sender += 1;
+        } else {
+            lost += 1;
+            lost_keys.push((*k, *c, *at));
+        }
+    }
     let report = json!({
         "servers": dims.count(),
         "churn_s": churn.as_secs(),
@@ -295,6 +353,17 @@ fn churn_on_real_daemons_misdelivers_nothing() {
         "slack_ms": SLACK_US / 1000,
         "join_holddown_ms": holddown,
         "duplicates": duplicates,
+        "reliable_sent": sent_reliable.len(),
+        "reliable_failed": failed.len(),
+        "reliable_failed_reasons": failed.values().fold(HashMap::<&str, u64>::new(), |mut m, w| {
+            *m.entry(w.as_str()).or_default() += 1;
+            m
+        }),
+        "reliable_failed_yet_delivered": failed_delivered,
+        "reliable_again_after_its_root_was_killed": again_after_kill,
+        "reliable_duplicated": again,
+        "reliable_lost": lost,
+        "reliable_lost_with_their_sender": lost_with_sender,
         "delivered_without_a_send_record": unmatched,
         "take_over_moved_after_reading": moved.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
     });
@@ -327,6 +396,16 @@ fn churn_on_real_daemons_misdelivers_nothing() {
         &wrong[..wrong.len().min(10)]
     );
     assert_eq!(duplicates, 0, "{report}");
+    assert!(
+        sent_reliable.len() as u64 > 100 * churn.as_secs(),
+        "{report}"
+    );
+    assert_eq!(again, 0, "{report}");
+    assert!(
+        lost == 0,
+        "reliable messages neither delivered nor reported: {:?}\n{report}",
+        &lost_keys[..lost_keys.len().min(10)]
+    );
     // Lost: probes to a killed server before its neighbours notice (3 hellos), and those
     // queued at a server when it was killed.
     assert!(

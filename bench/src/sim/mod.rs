@@ -136,6 +136,10 @@ enum Exp {
         /// shows what the hold-down prevents).
         #[arg(long, default_value_t = 200.0)]
         holddown_ms: f64,
+        /// Reliable messages to keys (they follow their roots; each is followed to its end:
+        /// delivered once, duplicated, failed, lost) instead of key-routed short ones.
+        #[arg(long)]
+        reliable: bool,
         #[command(flatten)]
         out: Out,
     },
@@ -306,6 +310,7 @@ pub fn run(a: &Args) -> Result<(), String> {
             detect_ms,
             refresh_s,
             holddown_ms,
+            reliable,
             out,
         } => {
             let base = ChurnOpts {
@@ -319,6 +324,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                 holddown_ms: *holddown_ms,
                 seed: out.seed,
                 threads: threads_for(out.threads, *k),
+                reliable: *reliable,
             };
             sweep_churn(*k, rate, base, out)
         }

@@ -105,13 +105,13 @@ impl Poller {
     ) -> Ran {
         let now = self.now();
         // A reliable message to a key goes to the key's root: the poller that owns the
-        // connection with the root sends it.
+        // connection with the root sends it, still to the key (its engine follows the root).
         if let (Target::Key(k), true) = (target, opts.reliable) {
             if let Some(root) = self.node.key_root(k) {
                 let owner = self.shared.shard_of(root);
                 if owner != self.shard {
                     let c = Command::Send {
-                        target: Target::Server(root),
+                        target,
                         service,
                         data,
                         opts,

@@ -25,11 +25,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use torusnet_proto::node::{Event, EventRef, Node};
+use torusnet_proto::node::{Event, EventRef, MsgOptions, Node, Target};
 use torusnet_proto::routing::transit;
 use torusnet_proto::service::Service;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::DirSet;
+use torusnet_proto::transport::FailReason;
 
 use crate::config::Polling;
 use crate::linkload::LinkLoads;
@@ -86,6 +87,13 @@ impl Poller {
         mtu: usize,
     ) -> Poller {
         let links = Links::new(shard, umem, ports, shared.clone(), mtu);
+        let mut node = node;
+        if shared.shards.len() > 1 {
+            // Each poller owns the connections of some peers: a key message whose root is
+            // another poller's goes to that poller.
+            let owner = shared.clone();
+            node.set_key_owner(Some(Box::new(move |c| owner.shard_of(c) == shard)));
+        }
         // An eighth of the UMEM may wait in transit; the rest keeps the fill rings stocked.
         let transit_chunks = (links.umem.chunks() / 8) as usize;
         Poller {
@@ -196,6 +204,7 @@ impl Poller {
         if self.node.poll_timeout().is_some_and(|t| t <= now) {
             self.node.handle_timeout(now);
         }
+        work += self.hand_off_key_messages();
         // Events before transmitting: a service has a message before the ACK of its
         // frame can leave (the delivery contract, docs/transport.md).
         let delivered = self.deliver_events() + std::mem::take(&mut self.lent);
@@ -439,6 +448,41 @@ impl Poller {
 
     /// An event for service `id`: to the hosted service that owns it (which reads it by
     /// reference: the event comes back, for its buffer to be reused), or to its inbox.
+    /// Passes reliable messages to keys whose roots' connections are other pollers' to
+    /// those pollers (as sends to the key: the engine there follows the root from then on).
+    /// One that finds the other poller's queue full is reported failed to its sender.
+    fn hand_off_key_messages(&mut self) -> usize {
+        let handoffs = self.node.take_keyed_handoffs();
+        let n = handoffs.len();
+        for h in handoffs {
+            let owner = self
+                .node
+                .key_root(h.key)
+                .map_or(self.shard, |r| self.shared.shard_of(r));
+            let c = Command::Send {
+                target: Target::Key(h.key),
+                service: h.service,
+                data: h.data,
+                opts: MsgOptions {
+                    reliable: true,
+                    tag: h.tag,
+                    from: Some(h.from),
+                    ..MsgOptions::default()
+                },
+            };
+            if self.shared.push_to(owner, c).is_err() {
+                let ev = Event::Failed {
+                    peer: self.shared.coord,
+                    service: h.from,
+                    tags: vec![h.tag],
+                    reason: FailReason::Refused,
+                };
+                let _ = self.dispatch(h.from, ev);
+            }
+        }
+        n
+    }
+
     fn dispatch(&mut self, id: u16, e: Event) -> Option<Event> {
         if let Some(i) = self.services.owner(id) {
             let now = self.now();

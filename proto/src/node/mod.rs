@@ -24,6 +24,7 @@ use crate::transport::{
 use crate::wire::{self, flags, Dest, FrameView, Header, Kind, HEADERS_LEN};
 
 mod intercept;
+mod keyed;
 mod paths;
 mod rx;
 mod send;
@@ -32,6 +33,7 @@ mod tx;
 mod types;
 
 pub use intercept::{Interceptor, Verdict};
+pub use keyed::{KeyedHandoff, KeyedStats, KEYED_DEADLINE};
 use paths::NodePaths;
 pub use types::{
     DropReason, Event, EventRef, MsgOptions, NodeStats, Outbound, Received, RxAction, Target,
@@ -69,6 +71,10 @@ pub struct Node {
     /// thousands of engines missed them each time).
     source_used: bool,
     transport_cfg: TransportConfig,
+    /// Reliable messages to keys, until they end ([`keyed`]).
+    keyed: keyed::KeyedSends,
+    /// The hosted set the driver gave, for the key messages' check on arrival.
+    hosted: Option<std::sync::Arc<transport::HostedServices>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -85,7 +91,7 @@ impl Node {
     /// The engine of server `local` under `view`.
     pub fn new(local: Coord, view: LinkView, cfg: TransportConfig) -> Result<Node, RoutingError> {
         let routes = RouteTable::new(&view, local)?;
-        Ok(Node {
+        let mut node = Node {
             local,
             dims: view.dims(),
             routes,
@@ -101,7 +107,57 @@ impl Node {
             declared: None,
             source_used: false,
             transport_cfg: cfg,
-        })
+            keyed: keyed::KeyedSends::default(),
+            hosted: None,
+        };
+        node.install_key_gate();
+        Ok(node)
+    }
+
+    /// Gives the transport the check key messages meet on arrival, for the current view
+    /// and hosted set.
+    fn install_key_gate(&mut self) {
+        self.transport.set_key_gate(Some(Box::new(keyed::RootGate {
+            local: self.local,
+            routes: std::sync::Arc::new(self.routes.clone()),
+            hosted: self.hosted.clone(),
+        })));
+    }
+
+    /// What of this engine its key messages need, beside them.
+    fn keyed_parts(&mut self) -> (&mut keyed::KeyedSends, keyed::Parts<'_>) {
+        (
+            &mut self.keyed,
+            keyed::Parts {
+                local: self.local,
+                routes: &self.routes,
+                transport: &mut self.transport,
+                events: &mut self.events,
+            },
+        )
+    }
+
+    /// Counters of reliable messages to keys.
+    pub fn keyed_stats(&self) -> KeyedStats {
+        self.keyed.stats
+    }
+
+    /// Reliable messages to keys not yet delivered, acknowledged or reported failed.
+    pub fn pending_key_messages(&self) -> usize {
+        self.keyed.pending()
+    }
+
+    /// When this engine is one of several of a server, each owning the connections of some
+    /// peers: `owns` says which are this one's. A reliable message to a key whose root is
+    /// another engine's is then handed off ([`Node::take_keyed_handoffs`]).
+    pub fn set_key_owner(&mut self, owns: Option<Box<dyn Fn(Coord) -> bool + Send>>) {
+        self.keyed.owner = owns.map(keyed::Owner);
+    }
+
+    /// Reliable messages to keys for another engine of this server to send
+    /// ([`Node::set_key_owner`]).
+    pub fn take_keyed_handoffs(&mut self) -> Vec<KeyedHandoff> {
+        std::mem::take(&mut self.keyed.handoffs)
     }
 
     /// Makes this server source-route its own traffic (BCube's BSR: probe the parallel
@@ -203,6 +259,7 @@ impl Node {
             .collect();
         self.routes.absorb(&view);
         self.view = view;
+        self.install_key_gate();
         self.source.on_view(self.last_now, &self.view);
         for (i, was) in before.into_iter().enumerate() {
             let c = self.dims.coord(i);
@@ -216,6 +273,10 @@ impl Node {
                 self.events.push_back(Event::Reachable(c));
             }
         }
+        // Key messages waiting for a root look again.
+        let now = self.last_now;
+        let (k, mut p) = self.keyed_parts();
+        k.on_view(&mut p, now);
         Ok(())
     }
 
@@ -249,10 +310,14 @@ impl Node {
         } else {
             None
         };
-        match (self.transport.poll_timeout(), source) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.transport.poll_timeout(),
+            source,
+            self.keyed.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Runs the transport's timers and source routing's.
@@ -262,22 +327,76 @@ impl Node {
         if self.source_used {
             self.source.handle_timeout(now, &self.view);
         }
+        let (k, mut p) = self.keyed_parts();
+        k.on_timeout(&mut p, now);
     }
 
     /// The next event for the application: the engine's own, then the transport's.
     pub fn poll_event(&mut self) -> Option<Event> {
-        if let Some(e) = self.events.pop_front() {
-            return Some(e);
+        loop {
+            if let Some(e) = self.events.pop_front() {
+                return Some(e);
+            }
+            let e = Event::from(self.transport.poll_event()?);
+            if let Some(e) = self.keyed_event(e) {
+                return Some(e);
+            }
         }
-        self.transport.poll_event().map(Event::from)
+    }
+
+    /// What the transport's event `e` becomes: a key message's own (its arrival, its
+    /// acknowledgement or failure at a server) is this engine's to turn into its sender's
+    /// or its service's; `None` when nothing is left for the driver now.
+    fn keyed_event(&mut self, e: Event) -> Option<Event> {
+        let now = self.last_now;
+        match e {
+            Event::Message {
+                src,
+                service: transport::KEYED,
+                data,
+                reliable,
+                ..
+            } => {
+                let (k, mut p) = self.keyed_parts();
+                k.arrived(&mut p, now, src, &data, reliable)
+            }
+            // Key messages end on their roots' receipts, not on the transport's
+            // acknowledgement (which a refusal can follow).
+            Event::Acked {
+                service: transport::KEYED,
+                ..
+            } => None,
+            Event::Failed {
+                peer,
+                service: transport::KEYED,
+                tags,
+                reason,
+            } => {
+                let (k, mut p) = self.keyed_parts();
+                k.on_failed(&mut p, now, peer, &tags, reason);
+                None
+            }
+            e => Some(e),
+        }
     }
 
     /// The next event, as [`Node::poll_event`], with the transport's messages borrowed
     /// rather than copied into a buffer of their own: a consumer that copies what it keeps
     /// receives without an allocation per message.
     pub fn poll_event_ref(&mut self) -> Option<EventRef<'_>> {
-        if let Some(e) = self.events.pop_front() {
-            return Some(EventRef::Other(e));
+        // Key messages' events first, owned (they are few, and this engine's to turn into
+        // what the driver sees); then the next event, lent.
+        loop {
+            if let Some(e) = self.events.pop_front() {
+                return Some(EventRef::Other(e));
+            }
+            if !self.transport.next_event_is(transport::KEYED) {
+                break;
+            }
+            let e = Event::from(self.transport.poll_event()?);
+            if let Some(e) = self.keyed_event(e) {
+                return Some(EventRef::Other(e));
+            }
         }
         Some(match self.transport.poll_event_ref()? {
             transport::EventRef::Message {
@@ -316,13 +435,20 @@ impl Node {
     /// Whether `service` gets [`Event::Acked`] reports.
     pub fn notify_acks(&mut self, service: u16, on: bool) {
         self.transport.notify_acks(service, on);
+        self.keyed.notify_acks(service, on);
     }
 
     /// The services this server hosts: reliable messages for others are refused and their
     /// senders told (see [`crate::transport::notice`]). `None`: every service counts as
     /// hosted.
     pub fn set_hosted(&mut self, hosted: Option<std::sync::Arc<crate::transport::HostedServices>>) {
+        if let Some(h) = &hosted {
+            // Key messages are this engine's: always taken, then checked by its gate.
+            h.host(transport::KEYED);
+        }
+        self.hosted = hosted.clone();
         self.transport.set_hosted(hosted);
+        self.install_key_gate();
     }
 
     /// Key-routed messages waiting to be put on a link (they die with the server if it
@@ -334,6 +460,7 @@ impl Node {
     /// Whether anything waits to be sent (so the driver should not sleep).
     pub fn has_pending(&self) -> bool {
         !self.key_out.is_empty()
+            || !self.keyed.handoffs.is_empty()
             || self.transport.queued_messages() > 0
             || (self.source_used && self.source.has_pending())
     }

@@ -4,7 +4,8 @@ use super::*;
 
 impl Node {
     /// Sends a message. Short messages to a key are routed by key at every hop; reliable
-    /// ones go to the key's root in this server's view.
+    /// ones go to the key's root and follow it if it changes on the way (`keyed`: the
+    /// contract).
     pub fn send(
         &mut self,
         now: Time,
@@ -35,7 +36,13 @@ impl Node {
         } = opts;
         let dest = match target {
             Target::Server(c) => c,
-            Target::Key(k) if reliable => self.routes.key_root(k).unwrap_or(self.local),
+            Target::Key(k) if reliable => {
+                let now = now.max(self.last_now);
+                self.last_now = now;
+                let from = opts.from.unwrap_or(service);
+                let (keyed, mut p) = self.keyed_parts();
+                return keyed.send(&mut p, now, k, service, from, data, opts.fences, opts.tag);
+            }
             Target::Key(k) => {
                 let max = self.mtu.saturating_sub(wire::TORUS_LEN);
                 if data.len() > max {
@@ -67,10 +74,7 @@ impl Node {
                 service,
                 data: data.to_vec(),
                 reliable,
-                key: match target {
-                    Target::Key(k) => Some(k),
-                    Target::Server(_) => None,
-                },
+                key: None,
             });
             return Ok(());
         }
@@ -137,9 +141,9 @@ impl Node {
         buf: &mut [u8],
         keep: Option<transport::Keep<'_>>,
     ) -> Result<Option<Outbound>, SendError> {
+        // A message to a key is never framed straight: its root may move (`keyed`).
         let dest = match target {
             Target::Server(c) => Some(c),
-            Target::Key(k) if opts.reliable => self.routes.key_root(k),
             Target::Key(_) => None,
         };
         // Source routes are written into frames after the transport built them, and the

@@ -155,6 +155,34 @@ impl Inbox {
         self.pop_ref().map(EventRef::into_owned)
     }
 
+    /// The service the next event concerns (a message's, an acknowledgement's or a
+    /// failure's), without taking it; `None` for none or another kind of event.
+    pub fn next_service(&self) -> Option<u16> {
+        if let Some(c) = &self.current {
+            if let Some((_, service)) = msg_header(&self.bytes[c.at..c.end]) {
+                return Some(service);
+            }
+        }
+        // Past the current batch: the first entry `pop` would take (it skips a batch with
+        // no message in it).
+        for e in &self.entries {
+            return match e {
+                Entry::Batch { start, end, .. } => match msg_header(&self.bytes[*start..*end]) {
+                    Some((_, service)) => Some(service),
+                    None => continue,
+                },
+                Entry::Message { service, .. } => Some(*service),
+                Entry::Owned(
+                    TransportEvent::Acked { service, .. }
+                    | TransportEvent::Failed { service, .. }
+                    | TransportEvent::Message { service, .. },
+                ) => Some(*service),
+                Entry::Owned(_) => None,
+            };
+        }
+        None
+    }
+
     /// The next event, borrowing a message's bytes from the arena.
     #[inline]
     pub fn pop_ref(&mut self) -> Option<EventRef<'_>> {

@@ -47,6 +47,10 @@ pub enum FailReason {
     /// at the peer full): nothing of it was delivered; sending again later may succeed.
     /// Like `NoService`, this can follow the acknowledgement.
     ReceiverFull,
+    /// The peer took a message to a routing key but is not the key's root in its view
+    /// (`key_gate`): nothing of it was delivered. The engine that sent it sends it to the
+    /// key's root again; a service sees this only from a transport driven alone.
+    NotRoot,
 }
 
 impl FailReason {
@@ -70,6 +74,7 @@ impl FailReason {
             FailReason::Refused => "refused",
             FailReason::NoService => "no_service",
             FailReason::ReceiverFull => "receiver_full",
+            FailReason::NotRoot => "not_root",
         }
     }
 }
@@ -84,6 +89,7 @@ impl std::fmt::Display for FailReason {
             FailReason::Refused => "the engine refused the message",
             FailReason::NoService => "no service at the peer takes it",
             FailReason::ReceiverFull => "the service at the peer had no room for it",
+            FailReason::NotRoot => "the peer is not the key's root",
         })
     }
 }

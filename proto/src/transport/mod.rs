@@ -45,6 +45,7 @@ mod frame;
 pub mod hosted;
 pub mod inbox;
 pub mod kept;
+pub mod key_gate;
 pub mod lifecycle;
 pub mod notice;
 pub mod pacing;
@@ -76,6 +77,7 @@ pub use inbox::EventRef;
 use inbox::Inbox;
 use kept::KeptFrame;
 pub use kept::{Keep, KeptFrames};
+pub use key_gate::{KeyGate, KEYED};
 pub use lifecycle::FailReason;
 use lifecycle::{LifecycleConfig, SyncOutcome};
 pub use notice::NOTICES;
@@ -165,6 +167,9 @@ pub struct Transport {
     notice_buf: Vec<u8>,
     /// Scratch: (service, tag, why) of messages of ours the peer's notices named.
     refused_by_peer: Vec<(u16, u64, FailReason)>,
+    /// The engine's check of messages to a key ([`key_gate`]); without it they are taken
+    /// as any message.
+    key_gate: Option<Box<dyn KeyGate>>,
 }
 
 impl Transport {
@@ -212,6 +217,7 @@ impl Transport {
             notices: Vec::new(),
             notice_buf: Vec::new(),
             refused_by_peer: Vec::new(),
+            key_gate: None,
         }
     }
 
@@ -225,7 +231,13 @@ impl Transport {
         t.queues.take_settings(&self.queues);
         t.notify = std::mem::take(&mut self.notify);
         t.hosted = self.hosted.take();
+        t.key_gate = self.key_gate.take();
         *self = t;
+    }
+
+    /// Installs the check messages to a key meet on arrival ([`key_gate`]).
+    pub fn set_key_gate(&mut self, gate: Option<Box<dyn KeyGate>>) {
+        self.key_gate = gate;
     }
 
     /// Why a reliable message for `service` would be refused here now, if it would (never

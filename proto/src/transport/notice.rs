@@ -7,7 +7,8 @@
 //! service or application may send to. A message is named by its message number in the
 //! connection (which both ends know) and the service it was for, not by the sender's tag
 //! (which only the sender knows). Layout: a kind byte (1: refused for want of a service,
-//! 2: refused because the service's queue was full), then entries of service (u16) and
+//! 2: refused because the service's queue was full, 3: a message to a key refused by a
+//! server that is not the key's root), then entries of service (u16) and
 //! message number (u64), big-endian.
 
 use super::FailReason;
@@ -19,16 +20,19 @@ pub const NOTICES: u16 = 63;
 const NO_SERVICE: u8 = 1;
 /// Kind byte: messages refused because their service's queue was full.
 const RECEIVER_FULL: u8 = 2;
+/// Kind byte: messages to a key refused because this server is not the key's root.
+const NOT_ROOT: u8 = 3;
 const ENTRY: usize = 10;
 
 /// Each reason a notice can give with its kind byte, in the order a receiver settles them.
-const KINDS: [(FailReason, u8); 2] = [
+const KINDS: [(FailReason, u8); 3] = [
     (FailReason::NoService, NO_SERVICE),
     (FailReason::ReceiverFull, RECEIVER_FULL),
+    (FailReason::NotRoot, NOT_ROOT),
 ];
 
 /// The reasons a notice can give, in the order a receiver settles them.
-pub const REASONS: [FailReason; 2] = [KINDS[0].0, KINDS[1].0];
+pub const REASONS: [FailReason; 3] = [KINDS[0].0, KINDS[1].0, KINDS[2].0];
 
 /// Most entries in one notice (a notice stays well inside one frame).
 pub const MAX_ENTRIES: usize = 128;

@@ -30,6 +30,7 @@ pub(super) struct Deliver<'a> {
     refused: &'a mut Vec<(u16, u64, FailReason)>,
     notices: &'a mut Vec<(u16, u64, FailReason)>,
     bad_notices: &'a mut u64,
+    key_gate: Option<&'a mut (dyn KeyGate + 'static)>,
 }
 
 impl Release for Deliver<'_> {
@@ -42,6 +43,12 @@ impl Release for Deliver<'_> {
                 None => *self.bad_notices += 1,
             }
             return;
+        }
+        if service == KEYED {
+            if let Some(Err(reason)) = self.key_gate.as_mut().map(|g| g.admit(self.src, data)) {
+                self.refused.push((service, msn, reason));
+                return;
+            }
         }
         if let Some(reason) = self.hosted.and_then(|h| h.refusal(service)) {
             self.refused.push((service, msn, reason));
@@ -200,6 +207,7 @@ impl Transport {
                             refused: &mut self.refused,
                             notices: &mut self.notices,
                             bad_notices: &mut self.stats.notices_unmatched,
+                            key_gate: self.key_gate.as_deref_mut(),
                         };
                         result = Self::deliver_reliable(conn, &h, &view, batch, &mut sink);
                     }
@@ -256,7 +264,8 @@ impl Transport {
         };
         if aggregated {
             if self.placers.0.is_empty() && self.hosted.is_none() {
-                let (count, union, notices) = wire::check_messages(view.payload(), NOTICES)?;
+                // Messages to the reserved ids (notices, key messages) are taken one at a time.
+                let (count, union, notices) = wire::check_messages(view.payload(), KEYED)?;
                 batch.messages = count;
                 batch.plain =
                     union & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) == 0 && !notices;
@@ -268,7 +277,7 @@ impl Transport {
                     let m = m?;
                     batch.messages += 1;
                     if m.flags & (msg_flags::BWD_FENCE | msg_flags::FWD_FENCE) != 0
-                        || m.service == NOTICES
+                        || m.service >= KEYED
                         || hosted.is_some_and(|h| !h.takes(m.service))
                         || self.placers.get(m.service).is_some()
                     {
@@ -618,7 +627,7 @@ fn nothing_takes_apart(
     h: &Header,
 ) -> bool {
     events.is_empty()
-        && h.service != NOTICES
+        && h.service < KEYED
         && !placers.has(h.service)
         && hosted.and_then(|x| x.refusal(h.service)).is_none()
 }

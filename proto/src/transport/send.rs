@@ -304,6 +304,12 @@ impl Transport {
         self.events.pop()
     }
 
+    /// Whether the next event concerns service `service` (its message, acknowledgement or
+    /// failure), without taking it.
+    pub fn next_event_is(&self, service: u16) -> bool {
+        self.events.next_service() == Some(service)
+    }
+
     /// The next event, a message's bytes borrowed from the transport (no allocation): for
     /// consumers that copy what they keep.
     #[inline]

@@ -9,8 +9,13 @@
 //!
 //! ```text
 //! S <key hex> <unix us>            the engine took a probe for <key>
+//! R <key hex> <unix us>            the engine took a reliable probe for <key>
 //! D <key hex> <src> <unix us>      a probe for <key> from <src> was delivered here
+//! F <key hex> <reason> <unix us>   the reliable probe for <key> was reported failed
 //! ```
+//!
+//! A reliable probe is a reliable message to the key (it follows the key's root: the
+//! engine's `keyed` contract), its tag the key itself, so that its failure names it.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -40,6 +45,8 @@ pub enum KeysRequest {
         /// Seed of the keys (mixed with the engine's incarnation, so a restarted server
         /// draws new keys).
         seed: u64,
+        /// Reliable messages to the keys instead of key-routed short ones.
+        reliable: bool,
         /// The answer: what was sent so far.
         reply: Sender<Value>,
     },
@@ -56,6 +63,10 @@ pub struct Keys {
     next_at: Time,
     sent: u64,
     refused: u64,
+    /// Probing sends reliable messages to keys.
+    reliable: bool,
+    /// Reliable probes reported failed.
+    failed: u64,
 }
 
 impl std::fmt::Debug for Keys {
@@ -109,6 +120,20 @@ impl Service for Keys {
     }
 
     fn on_event(&mut self, _now: Time, e: &Event, _node: &mut dyn Engine) {
+        if let Event::Failed {
+            service: KEYS,
+            tags,
+            reason,
+            ..
+        } = e
+        {
+            for k in tags {
+                self.failed += 1;
+                let t = unix_us();
+                self.line(format_args!("F {k:016x} {} {t}", reason.name()));
+            }
+            return;
+        }
         if let Event::Message {
             service: KEYS,
             key: Some(k),
@@ -145,7 +170,13 @@ impl Service for Keys {
                     .count();
                 let _ = reply.send(json!({ "sent": sent }));
             }
-            KeysRequest::Probe { rate, seed, reply } => {
+            KeysRequest::Probe {
+                rate,
+                seed,
+                reliable,
+                reply,
+            } => {
+                self.reliable = reliable;
                 if rate == 0 {
                     self.rng = None;
                 } else {
@@ -155,8 +186,10 @@ impl Service for Keys {
                 }
                 let _ = reply.send(json!({
                     "probing": rate > 0,
+                    "reliable": self.reliable,
                     "sent": self.sent,
                     "refused": self.refused,
+                    "failed": self.failed,
                     "journal_error": self.journal_error,
                 }));
             }
@@ -189,17 +222,17 @@ impl Service for Keys {
                 break;
             };
             self.next_at = self.next_at + self.interval;
-            match node.send(
-                now,
-                Target::Key(k),
-                KEYS,
-                &k.to_be_bytes(),
-                MsgOptions::default(),
-            ) {
+            let opts = MsgOptions {
+                reliable: self.reliable,
+                tag: k,
+                ..MsgOptions::default()
+            };
+            match node.send(now, Target::Key(k), KEYS, &k.to_be_bytes(), opts) {
                 Ok(()) => {
                     self.sent += 1;
                     let t = unix_us();
-                    self.line(format_args!("S {k:016x} {t}"));
+                    let kind = if self.reliable { 'R' } else { 'S' };
+                    self.line(format_args!("{kind} {k:016x} {t}"));
                     n += 1;
                 }
                 // No root in this server's view, or its queue is full: never taken.

@@ -24,7 +24,7 @@ use torusnet_proto::node::{Event, MsgOptions, Target};
 use torusnet_proto::service::{Engine, Service};
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
-use torusnet_proto::transport::{FailReason, Fences, Lent, SendError, NOTICES};
+use torusnet_proto::transport::{FailReason, Fences, Lent, SendError, KEYED, NOTICES};
 
 use crate::shared::{AppInfo, NewApp, Shared};
 
@@ -516,9 +516,10 @@ impl AppsHost {
         node: &mut dyn Engine,
         o: AppMessage,
     ) -> Result<(), AppMessage> {
-        // The transports' notices have a service id of their own: a message an application
-        // addressed to it could pass for one, so it is refused here.
-        let sent = if o.service == NOTICES {
+        // The transports' notices and the engines' key messages have service ids of their
+        // own: a message an application addressed to one could pass for one of them, so it
+        // is refused here.
+        let sent = if o.service == NOTICES || o.service == KEYED {
             Err(reason::REFUSED)
         } else {
             // A large message goes straight into its frame when the links keep up (one copy
@@ -764,6 +765,9 @@ fn reason_code(r: FailReason) -> u8 {
         FailReason::Refused => reason::REFUSED,
         FailReason::NoService => reason::NO_SERVICE,
         FailReason::ReceiverFull => reason::RECEIVER_FULL,
+        // The engine sends a key message on to the key's root; an application hears of
+        // one only when none took it, as unreachable.
+        FailReason::NotRoot => reason::UNREACHABLE,
     }
 }
 

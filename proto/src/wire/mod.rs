@@ -7,6 +7,9 @@
 //! [`Header`] is the parsed meaning, which [`Header::emit`] writes back. Nothing here
 //! allocates, and no input makes it panic.
 
+mod keyed;
+pub use keyed::{keyed_header, put_keyed_header, KeyedHeader, KEYED_HEADER, KEYED_RECEIPT};
+
 use crate::topology::Coord;
 
 /// EtherType of torus data frames (redirected to AF_XDP by the XDP program).
@@ -811,8 +814,9 @@ fn message_at(payload: &[u8], at: usize) -> Result<(usize, u16, u8), WireError> 
 
 /// Checks every message of an aggregated payload, as iterating [`Messages`] over it would
 /// (the same checks, the same first error), and returns how many there are, the union of
-/// their flags and whether one is for service `watch`: a receiver that needs no more of
-/// them before accepting the frame reads each header once, without building the messages.
+/// their flags and whether one is for a service numbered `watch` or above (the reserved
+/// ids): a receiver that needs no more of them before accepting the frame reads each header
+/// once, without building the messages.
 pub fn check_messages(payload: &[u8], watch: u16) -> Result<(u32, u8, bool), WireError> {
     let (mut at, mut count, mut union, mut seen) = (0usize, 0u32, 0u8, false);
     // One bounds check per header and the header read as one word: this runs for every
@@ -828,7 +832,7 @@ pub fn check_messages(payload: &[u8], watch: u16) -> Result<(u32, u8, bool), Wir
             break;
         }
         union |= h[4];
-        seen |= u16::from_be_bytes([h[2], h[3]]) == watch;
+        seen |= u16::from_be_bytes([h[2], h[3]]) >= watch;
         at = end;
         count += 1;
     }
@@ -1002,7 +1006,7 @@ mod tests {
                     (Ok(m), Ok((n, f, seen))) => {
                         *n += 1;
                         *f |= m.flags;
-                        *seen |= m.service == 63;
+                        *seen |= m.service >= 62;
                     }
                     (Err(e), _) => {
                         want = Err(e);
@@ -1011,7 +1015,7 @@ mod tests {
                     _ => {}
                 }
             }
-            assert_eq!(check_messages(&p, 63), want, "{p:?}");
+            assert_eq!(check_messages(&p, 62), want, "{p:?}");
         }
     }
     use super::*;
