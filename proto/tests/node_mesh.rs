@@ -717,3 +717,72 @@ fn a_key_message_is_taken_only_by_a_root_and_fails_only_at_its_deadline() {
     );
     assert_eq!(mesh.nodes[sender].pending_key_messages(), 0);
 }
+
+/// An engine that owns only some peers' connections (one poller of several) hands a key
+/// message whose root is another's to the driver, whole, instead of opening a connection it
+/// does not own; the engine that owns the root sends it and reports it.
+#[test]
+fn a_key_message_for_a_root_another_engine_owns_is_handed_off() {
+    let dims = Dims::new(3, 3, 3).unwrap();
+    let view = LinkView::all_up(dims).unwrap();
+    let mut mesh = Mesh::new(dims, &view);
+    let sender = 0usize;
+    let k = (1..1000u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .find(|k| roots(dims, *k, &[]) != dims.coord(sender))
+        .unwrap();
+    let root = roots(dims, k, &[]);
+    // This engine owns every peer but the root.
+    mesh.nodes[sender].set_key_owner(Some(Box::new(move |c| c != root)));
+    let opts = MsgOptions {
+        reliable: true,
+        tag: 99,
+        from: Some(40),
+        ..MsgOptions::default()
+    };
+    mesh.nodes[sender]
+        .send(mesh.now, Target::Key(k), 41, b"over there", opts)
+        .unwrap();
+    let handed = mesh.nodes[sender].take_keyed_handoffs();
+    assert_eq!(
+        handed,
+        vec![torusnet_proto::node::KeyedHandoff {
+            key: k,
+            service: 41,
+            from: 40,
+            tag: 99,
+            data: b"over there".to_vec(),
+        }]
+    );
+    assert!(mesh.nodes[sender].take_keyed_handoffs().is_empty());
+    assert_eq!(
+        mesh.nodes[sender].transport().in_flight(),
+        0,
+        "no connection opened"
+    );
+    // The owning engine (here the same server's, owning all) sends it: delivered at the root.
+    mesh.nodes[sender].set_key_owner(None);
+    mesh.nodes[sender].notify_acks(40, true);
+    let h = &handed[0];
+    let o = MsgOptions {
+        tag: h.tag,
+        from: Some(h.from),
+        ..opts
+    };
+    mesh.nodes[sender]
+        .send(mesh.now, Target::Key(h.key), h.service, &h.data, o)
+        .unwrap();
+    let evs = mesh.run();
+    assert_eq!(
+        keyed_deliveries(&evs),
+        vec![(dims.index(root), k, b"over there".to_vec())]
+    );
+    assert!(evs[sender].iter().any(|e| matches!(
+        e,
+        Event::Acked {
+            service: 40,
+            last_tag: 99,
+            ..
+        }
+    )));
+}
