@@ -506,3 +506,40 @@ def test_clan_message_queue_from_python(torus):
         # Too large for a slot: refused at once.
         with pytest.raises(torusnet.TorusError):
             tx.send(b"x" * 300)
+
+
+def test_reliable_messages_to_keys_reach_their_roots_with_their_keys(torus):
+    """The same service on both servers; 40 reliable messages to random keys from a third
+    application: each arrives once, at one of the two (its key's root), carrying its key;
+    the sender hears every one acknowledged."""
+    import random
+    rng = random.Random(46)
+    with torusnet.Client(sock("0-0-0"), "py-keyed") as a, \
+            torusnet.Client(sock("1-0-0"), "py-keyed") as b, \
+            torusnet.Client(sock("0-0-0"), "py-keyed-tx") as tx:
+        tx.notify_acks(True)
+        service = a.address.service
+        keys = [rng.getrandbits(64) for _ in range(40)]
+        tags = {tx.send(torusnet.Key(k, service), k.to_bytes(8, "big")): k for k in keys}
+        got, acked = {}, set()
+        deadline = time.time() + 10
+        while (len(got) < len(keys) or len(acked) < len(keys)) and time.time() < deadline:
+            for c, where in ((a, (0, 0, 0)), (b, (1, 0, 0))):
+                ev = c.recv(0)
+                while ev is not None:
+                    if ev.kind == torusnet.MESSAGE:
+                        k = int.from_bytes(ev.data, "big")
+                        assert ev.key == k and ev.reliable, ev
+                        assert k not in got, f"key {k:x} delivered twice"
+                        got[k] = where
+                    ev = c.recv(0)
+            ev = tx.recv(0.01)
+            while ev is not None:
+                assert ev.kind != torusnet.FAILED, ev
+                if ev.kind == torusnet.ACKED:
+                    acked.add(ev.tag)
+                ev = tx.recv(0)
+        assert sorted(got) == sorted(keys)
+        # Both servers root some of 40 random keys.
+        assert set(got.values()) == {(0, 0, 0), (1, 0, 0)}
+        assert acked == set(tags), "every message acknowledged once its root took it"

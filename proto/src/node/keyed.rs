@@ -212,6 +212,7 @@ impl KeyedSends {
                 self.stats.sent += 1;
                 self.stats.delivered += 1;
                 deliver_here(p, &r);
+                self.acked_here(p, &r);
                 Ok(())
             }
             Some(root) if !self.owns(root) => {
@@ -417,14 +418,7 @@ impl KeyedSends {
                 self.stats.resent += 1;
                 self.stats.delivered += 1;
                 deliver_here(p, &r);
-                if self.notify.contains(&r.from) {
-                    p.events.push_back(Event::Acked {
-                        peer: root,
-                        service: r.from,
-                        count: 1,
-                        last_tag: r.tag,
-                    });
-                }
+                self.acked_here(p, &r);
             }
             Some(root) if !self.owns(root) => self.hand_off(r),
             Some(root) if paused || !same => {
@@ -441,6 +435,18 @@ impl KeyedSends {
                 }
             }
             _ => self.wait(now, r),
+        }
+    }
+
+    /// Reports `r`, delivered on this server, acknowledged to its sender if it asked.
+    fn acked_here(&self, p: &mut Parts<'_>, r: &Record) {
+        if self.notify.contains(&r.from) {
+            p.events.push_back(Event::Acked {
+                peer: p.local,
+                service: r.from,
+                count: 1,
+                last_tag: r.tag,
+            });
         }
     }
 
