@@ -100,6 +100,7 @@ Cflags: -I\${includedir}
 PC
 install -m 0644 client/examples/c/echo.c "$dev/usr/share/doc/libtorusnet-client-dev/examples/echo.c"
 install -m 0644 client/examples/c/rmem.c "$dev/usr/share/doc/libtorusnet-client-dev/examples/rmem.c"
+install -m 0644 client/examples/c/on_path.c "$dev/usr/share/doc/libtorusnet-client-dev/examples/on_path.c"
 copyright "$dev" libtorusnet-client-dev
 cat > "$dev/DEBIAN/control" <<CONTROL
 Package: libtorusnet-client-dev

@@ -58,6 +58,7 @@ typedef struct {
 #define TORUS_RELIABLE  1u /* exactly once, any size, reported; else short and best effort */
 #define TORUS_BWD_FENCE 2u /* after every earlier message to that server */
 #define TORUS_FWD_FENCE 4u /* before every later one */
+#define TORUS_ON_PATH  16u /* services intercepting it on the path see it (short, to a key) */
 /* Sent as one of the names this application added (torus_add_name's id), not its attach
  * name: or it into the flags. */
 #define TORUS_FROM(service) ((unsigned)(uint16_t)(service) << 16)
@@ -79,6 +80,8 @@ typedef struct {
 #define TORUS_EV_LONG_OFFER     14 /* a long message offered: from, tag = offer id, count = its length;
                                       the offer's len bytes in the buffer (for torus_pull/decline) */
 #define TORUS_EV_LONG_DONE      15 /* a long send of ours ended: tag = offer id, reason = TORUS_LONG_* */
+#define TORUS_EV_INTERCEPTED    16 /* a frame of our service passing through, held for torus_verdict:
+                                      tag = its id, from, keyed/key, its payload in the buffer */
 
 /* How a long send ended. */
 #define TORUS_LONG_PULLED   1
@@ -147,6 +150,17 @@ int torus_resolve(torus_client *c, const char *name, torus_addr *out, size_t max
  * arrive here too (ev->to says which name), others resolve it, TORUS_FROM(id) sends as it.
  * Its id goes to *service. The name goes when the application detaches. */
 int torus_add_name(torus_client *c, const char *name, uint16_t *service);
+/* On the path (CamCube's per-hop services): frames of this application's service sent with
+ * TORUS_ON_PATH that pass through this server are held and shown to it
+ * (TORUS_EV_INTERCEPTED); torus_verdict lets each go on (as it was, or with a new payload)
+ * or drops it. A frame without a verdict in 20 ms goes on as it was. To answer a frame,
+ * send the answer and drop it. */
+#define TORUS_PASS   0
+#define TORUS_CHANGE 1
+#define TORUS_DROP   2
+int torus_intercept(torus_client *c, int on);
+int torus_verdict(torus_client *c, uint64_t id, int verdict, const void *data, size_t len);
+
 /* Forgets what torus_resolve (or a send to a name) cached for `name`. A failure that says
  * the service is gone from a server (no service, unreachable, restarted) forgets it too. */
 int torus_forget(torus_client *c, const char *name);

@@ -158,6 +158,19 @@ pub mod op {
     pub const POST_BUFFER: u8 = 2;
     /// Take back a posted, unfilled buffer (`buf_id`).
     pub const CANCEL_BUFFER: u8 = 3;
+    /// The application's verdict on frame `tag` it was shown ([`super::cq::INTERCEPTED`]):
+    /// `kind` 0 let it go on, 1 let it go on with this entry's bytes as its payload, 2 drop it.
+    pub const VERDICT: u8 = 4;
+}
+
+/// Verdicts ([`op::VERDICT`]'s `kind`).
+pub mod verdict {
+    /// Let the frame go on as it is.
+    pub const PASS: u8 = 0;
+    /// Let it go on with the entry's bytes as its payload.
+    pub const CHANGE: u8 = 1;
+    /// Drop it.
+    pub const DROP: u8 = 2;
 }
 
 /// Submission flags.
@@ -172,6 +185,8 @@ pub mod sflag {
     pub const MORE: u8 = 8;
     /// The message goes into the receiver's return buffer `buf_id` (cookie in `aux`).
     pub const INTO_BUFFER: u8 = 16;
+    /// A short message to a key that services on its path may see (those that intercept).
+    pub const ON_PATH: u8 = 32;
 }
 
 /// How a destination is given.
@@ -203,6 +218,10 @@ pub mod cq {
     pub const BUFFER_MISSED: u8 = 8;
     /// `count` incoming messages were dropped because this application did not read them.
     pub const OVERFLOW: u8 = 9;
+    /// A frame of this application's service passing through this server, held for its
+    /// verdict ([`super::op::VERDICT`]) until a deadline: `tag` names it, `peer` and
+    /// `src_service` sent it, `count` its key (with `KEYED`), its payload in the data.
+    pub const INTERCEPTED: u8 = 10;
 }
 
 /// Completion flags.

@@ -122,6 +122,18 @@ impl Client {
         Ok(id)
     }
 
+    /// Intercepts (or stops) this application's service on the path: frames of it sent
+    /// with [`SendOptions::on_path`] that pass through this server are held and shown to it
+    /// ([`Event::Intercepted`]) for a verdict ([`Client::verdict`]), CamCube's per-hop
+    /// services. Frames of services that nobody intercepts pay nothing on the way.
+    pub fn intercept(&self, on: bool) -> Result<(), Error> {
+        self.request(
+            json!({"cmd": "intercept", "on": on}),
+            Duration::from_secs(5),
+        )?;
+        Ok(())
+    }
+
     /// Asks for [`Event::Acked`] reports of this application's reliable messages.
     pub fn notify_acks(&self, on: bool) -> Result<(), Error> {
         self.request(

@@ -68,7 +68,7 @@ pub use error::Error;
 use receive::Parsed;
 pub(crate) use receive::Rx;
 use submit::Tx;
-pub use types::{Address, Coord, Dest, Event, FailReason, SendOptions, Wait};
+pub use types::{Address, Coord, Dest, Event, FailReason, OnPath, SendOptions, Wait};
 
 /// An application attached to torusd.
 pub struct Client {

@@ -197,6 +197,12 @@ impl Client {
             }
             cq::BUFFER_MISSED => Parsed::Event(Event::BufferMissed { peer, tag: e.tag }),
             cq::OVERFLOW => Parsed::Event(Event::Overflow { dropped: e.count }),
+            cq::INTERCEPTED => Parsed::Event(Event::Intercepted {
+                id: e.tag,
+                from,
+                key: (e.flags & cflag::KEYED != 0).then_some(e.count),
+                data,
+            }),
             rmem::cq::RM_DONE => Parsed::Event(Event::RemoteDone {
                 op: e.tag,
                 status: rmem::Status::from_code(e.reason),

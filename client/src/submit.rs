@@ -142,6 +142,9 @@ impl Client {
         if into.is_some() {
             flags |= sflag::INTO_BUFFER;
         }
+        if opts.on_path {
+            flags |= sflag::ON_PATH;
+        }
         let tag = self.next_tag(opts.tag);
         let mut e = Sqe {
             op: op::SEND,
@@ -161,6 +164,29 @@ impl Client {
         }
         self.submit_entry(e, data)?;
         Ok(tag)
+    }
+
+    /// Its verdict on frame `id` it was shown ([`Event::Intercepted`]): the frame goes on
+    /// (as it was, or with a new payload) or is dropped. To answer it instead, send the
+    /// answer and drop the frame. A verdict after the frame's deadline has no effect (it
+    /// went on as it was).
+    pub fn verdict(&self, id: u64, v: OnPath<'_>) -> Result<(), Error> {
+        let (kind, data) = match v {
+            OnPath::Pass => (channel::verdict::PASS, &[][..]),
+            OnPath::Change(d) => (channel::verdict::CHANGE, d),
+            OnPath::Drop => (channel::verdict::DROP, &[][..]),
+        };
+        if data.len() > 65536 {
+            return Err(Error::TooLarge(data.len()));
+        }
+        let e = Sqe {
+            op: op::VERDICT,
+            kind,
+            tag: id,
+            total_len: data.len() as u32,
+            ..Sqe::default()
+        };
+        self.submit_entry(e, data)
     }
 
     /// A tag for a submission: `want`, or the next unused one.

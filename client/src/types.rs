@@ -47,6 +47,9 @@ pub struct SendOptions {
     /// Which of this application's services sends it: one of the names it added
     /// ([`Client::add_name`]'s id); `None`: its attach name.
     pub from: Option<u16>,
+    /// Applications intercepting its service on servers it passes through see it
+    /// ([`Client::intercept`]; short messages to a key).
+    pub on_path: bool,
 }
 
 impl SendOptions {
@@ -251,6 +254,19 @@ pub enum Event {
     /// A long message offered to this application: pull it ([`Client::pull`]) or decline
     /// it ([`Client::decline`]) before its deadline.
     LongOffer(crate::LongOffer),
+    /// A frame of this application's service passing through this server (it intercepts:
+    /// [`Client::intercept`]), held for its verdict ([`Client::verdict`]) until a deadline,
+    /// after which it goes on as it was.
+    Intercepted {
+        /// The frame's name, for the verdict.
+        id: u64,
+        /// Who sent it.
+        from: Address,
+        /// The key it goes to, if it is key-routed.
+        key: Option<u64>,
+        /// Its payload.
+        data: Vec<u8>,
+    },
     /// One of this application's long sends ended: its buffer may be reused.
     LongDone {
         /// The receiver's server (none when it expired without an answer).
@@ -260,4 +276,15 @@ pub enum Event {
         /// How.
         end: crate::LongEnd,
     },
+}
+
+/// What an intercepting application does with a frame it was shown ([`Event::Intercepted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnPath<'a> {
+    /// It goes on as it was.
+    Pass,
+    /// It goes on with this payload.
+    Change(&'a [u8]),
+    /// It goes no further.
+    Drop,
 }

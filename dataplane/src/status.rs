@@ -400,4 +400,12 @@ pub struct AppStatus {
     pub buffers_filled: u64,
     /// "Return buffer missing" notices it owed senders and could not send.
     pub notices_lost: u64,
+    /// Frames of its service passing through shown to it (it intercepts on the path).
+    pub on_path_seen: u64,
+    /// Of those, dropped by its verdict.
+    pub on_path_dropped: u64,
+    /// Of those, sent on unchanged at the deadline (or as it left).
+    pub on_path_expired: u64,
+    /// Held frames that no link took when they were put back.
+    pub on_path_lost: u64,
 }

@@ -418,6 +418,21 @@ impl Links {
         false
     }
 
+    /// Copies a whole frame into fresh chunks and puts it on the first of `hops` this
+    /// poller has, else hands it to the poller of one; whether it went.
+    pub(crate) fn send_on(&mut self, hops: DirSet, bytes: Vec<u8>) -> bool {
+        if let Some(d) = hops.iter().find(|d| self.port_of(*d).is_some()) {
+            self.send_bytes(d, &bytes);
+            return true;
+        }
+        for d in hops.iter() {
+            if let Some(owner) = self.shared.link_shard[usize::from(d.index())] {
+                return self.hand_off(owner, Handoff::Send(d, bytes));
+            }
+        }
+        false
+    }
+
     /// Copies a whole frame into fresh chunks and puts it on our link `dir`.
     pub(crate) fn send_bytes(&mut self, dir: Dir, bytes: &[u8]) {
         let Some(o) = self.port_of(dir) else {

@@ -70,6 +70,12 @@ pub trait Engine {
     }
     /// Whether `service` gets acknowledgement reports.
     fn notify_acks(&mut self, service: u16, on: bool);
+    /// Puts a frame an on-path hook held back on its way ([`Node::resume_on_path`]): whether
+    /// it went (false: no link takes it, or this engine's driver cannot put frames back;
+    /// the caller counts it dropped).
+    fn resume_on_path(&mut self, _now: Time, _frame: Vec<u8>) -> bool {
+        false
+    }
 }
 
 impl Engine for Node {

@@ -317,6 +317,83 @@ fn interceptors_see_and_change_frames_on_path() {
     assert_eq!(mesh.nodes[1].stats().intercepted, 1);
 }
 
+struct Holder;
+impl Interceptor for Holder {
+    fn on_path(&mut self, _h: &Header, _payload: &mut [u8]) -> Verdict {
+        Verdict::Hold
+    }
+}
+
+/// An on-path hook that holds frames (a service in another thread or process decides
+/// later): the engine sets each aside whole; put back changed, it goes on to its root, which
+/// no hook on the way sees twice; one not put back goes nowhere.
+#[test]
+fn held_frames_go_on_when_put_back_changed_or_not() {
+    let dims = Dims::new(5, 1, 1).unwrap();
+    let view = LinkView::all_up(dims).unwrap();
+    let mut mesh = Mesh::new(dims, &view);
+    let k = (13107u64 * 2 + 1) << 48;
+    mesh.nodes[1].intercept(4, Box::new(Holder));
+    let opts = MsgOptions {
+        intercept: true,
+        ..MsgOptions::default()
+    };
+    for m in [&b"?one"[..], b"?two", b"?three"] {
+        mesh.nodes[0]
+            .send(Time::ZERO, Target::Key(k), 4, m, opts)
+            .unwrap();
+    }
+    let events = mesh.run();
+    assert!(keyed_short(&events[2]).is_empty(), "held at 1,0,0");
+    let held = mesh.nodes[1].take_held();
+    assert_eq!(held.len(), 3);
+    assert!(mesh.nodes[1].take_held().is_empty());
+    // The first unchanged, the second changed, the third dropped.
+    let changed =
+        torusnet_proto::wire::with_payload(&held[1], b"!two, changed on the way").unwrap();
+    for mut f in [held[0].clone(), changed] {
+        match mesh.nodes[1].resume_on_path(mesh.now, &mut f) {
+            RxAction::Forward(hops) => {
+                let d = hops.iter().next().unwrap();
+                mesh.send_frame(1, d, f);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let events = mesh.run();
+    assert_eq!(
+        keyed_short(&events[2]),
+        vec![b"?one".to_vec(), b"!two, changed on the way".to_vec()]
+    );
+    assert!(
+        mesh.nodes[1].take_held().is_empty(),
+        "seen once on this server"
+    );
+    // Stopped: frames pass again.
+    mesh.nodes[1].stop_intercepting(4);
+    mesh.nodes[0]
+        .send(mesh.now, Target::Key(k), 4, b"?four", opts)
+        .unwrap();
+    let events = mesh.run();
+    assert_eq!(keyed_short(&events[2]), vec![b"?four".to_vec()]);
+}
+
+/// The key-routed short messages among `events`.
+fn keyed_short(events: &[Event]) -> Vec<Vec<u8>> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Message {
+                key: Some(_),
+                reliable: false,
+                data,
+                ..
+            } => Some(data.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A short message received with `handle_rx_lending` comes back borrowed from its frame,
 /// the same message `handle_rx` would have queued; with an event queued ahead of it, it is
 /// queued behind that one instead, so the order of events never changes.

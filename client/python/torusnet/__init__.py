@@ -28,13 +28,15 @@ __all__ = [
     "MESSAGE", "REQUEST", "ACKED", "FAILED", "PEER_RESET", "UNREACHABLE", "REACHABLE",
     "BUFFER_FILLED", "BUFFER_MISSED", "OVERFLOW", "REMOTE_DONE", "TRIPWIRE", "WRITTEN",
     "LONG_OFFER", "LONG_DONE", "LONG_PULLED", "LONG_DECLINED", "LONG_FAILED", "LONG_EXPIRED",
+    "INTERCEPTED", "PASS", "CHANGE", "DROP",
     "READ", "WRITE",
     "RM_OK", "RM_BAD_COOKIE", "RM_REVOKED", "RM_EXPIRED", "RM_OUT_OF_RANGE", "RM_NO_RIGHT",
     "RM_NO_REGION", "RM_PEER_FAILED", "RM_TIMEOUT", "RM_INVALID",
 ]
 
 MESSAGE, REQUEST, ACKED, FAILED, PEER_RESET, UNREACHABLE, REACHABLE, BUFFER_FILLED, \
-    BUFFER_MISSED, OVERFLOW, REMOTE_DONE, TRIPWIRE, WRITTEN, LONG_OFFER, LONG_DONE = range(1, 16)
+    BUFFER_MISSED, OVERFLOW, REMOTE_DONE, TRIPWIRE, WRITTEN, LONG_OFFER, LONG_DONE, \
+    INTERCEPTED = range(1, 17)
 """Event kinds. REMOTE_DONE: a remote-memory operation ended (tag = its handle, reason = its
 RM_* status, count = bytes moved); TRIPWIRE: a remote write touched tripwire `tag` (key =
 region id, count = offset, length); WRITTEN: a notifying remote write landed whole (key =
@@ -44,6 +46,10 @@ send of this application's ended (tag = offer id, reason = LONG_*)."""
 
 LONG_PULLED, LONG_DECLINED, LONG_FAILED, LONG_EXPIRED = range(1, 5)
 """How a long send ended."""
+
+PASS, CHANGE, DROP = range(3)
+"""Verdicts on an INTERCEPTED frame (its tag is the id): go on as it was, go on with a new
+payload, go no further."""
 
 READ, WRITE = 1, 2
 """Rights of a region or capability."""
@@ -60,7 +66,7 @@ PEER_RESTARTED, PEER_RESET, SILENT, PEER_UNREACHABLE, REFUSED, NO_SERVICE, RECEI
 application there is attached as its service; RECEIVER_FULL: the application it was for had
 fallen behind (its backlog full), so it was not delivered (sending again later may work)."""
 
-_RELIABLE, _BWD, _FWD, _NOTIFY = 1, 2, 4, 8
+_RELIABLE, _BWD, _FWD, _NOTIFY, _ON_PATH = 1, 2, 4, 8, 16
 _CAP_LEN = 40
 
 Address = namedtuple("Address", "x y z service")
@@ -189,6 +195,9 @@ _lib.torus_send_to_buffer.argtypes = [_P, ctypes.POINTER(_Buffer), ctypes.c_char
 _lib.torus_read_buffer.argtypes = [_P, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
 _lib.torus_forget.argtypes = [_P, ctypes.c_char_p]
 _lib.torus_add_name.argtypes = [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint16)]
+_lib.torus_intercept.argtypes = [_P, ctypes.c_int]
+_lib.torus_verdict.argtypes = [_P, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p,
+                               ctypes.c_size_t]
 _PR, _PC, _U64, _PU64 = ctypes.POINTER(_Region), ctypes.POINTER(_Cap), ctypes.c_uint64, \
     ctypes.POINTER(ctypes.c_uint64)
 _lib.torus_register_region.argtypes = [_P, _U64, ctypes.c_uint, _PR]
@@ -316,12 +325,14 @@ class Client:
 
     def send(self, to: "Destination", data: bytes, reliable: bool = True,
              backward_fence: bool = False, forward_fence: bool = False,
-             from_service: Optional[int] = None) -> int:
+             from_service: Optional[int] = None, on_path: bool = False) -> int:
         """Sends `data` (bytes) to an Address, a Key or a Name (or a name as str); returns
         its tag. `from_service`: send as one of the names added with add_name (its id), not
-        the attach name. Raises WouldBlock when the channel is full."""
+        the attach name. `on_path`: applications intercepting its service on the servers it
+        passes see it (a short message to a Key). Raises WouldBlock when the channel is full."""
         flags = (_RELIABLE if reliable else 0) | (_BWD if backward_fence else 0) | \
-            (_FWD if forward_fence else 0) | ((from_service or 0) & 0xFFFF) << 16
+            (_FWD if forward_fence else 0) | (_ON_PATH if on_path else 0) | \
+            ((from_service or 0) & 0xFFFF) << 16
         tag = ctypes.c_uint64()
         d = self._dest(to)
         _check(_lib.torus_send(self._c, ctypes.byref(d), bytes(data), len(data), flags,
@@ -341,7 +352,8 @@ class Client:
             _check(r)
             if r == 0:
                 return None
-            data = self._buf.raw[:ev.len] if ev.kind in (MESSAGE, REQUEST, LONG_OFFER) else b""
+            data = self._buf.raw[:ev.len] \
+                if ev.kind in (MESSAGE, REQUEST, LONG_OFFER, INTERCEPTED) else b""
             # A tripwire's or a notifying write's region id is in `key` too.
             key = ev.key if ev.keyed or ev.kind in (TRIPWIRE, WRITTEN) else None
             return Event(ev.kind, _addr(ev.frm), ev.tag, ev.count, key, bool(ev.reliable),
@@ -361,6 +373,17 @@ class Client:
         out = ctypes.c_uint16()
         _check(_lib.torus_add_name(self._c, name.encode(), ctypes.byref(out)))
         return out.value
+
+    def intercept(self, on: bool = True) -> None:
+        """Intercepts (or stops) this application's service on the path: its frames sent
+        with on_path that pass through this server come as INTERCEPTED events (tag = id)
+        for a verdict; one without a verdict in 20 ms goes on as it was."""
+        _check(_lib.torus_intercept(self._c, 1 if on else 0))
+
+    def verdict(self, frame: int, action: int, data: bytes = b"") -> None:
+        """The verdict on an INTERCEPTED frame: PASS, CHANGE (with `data` as its new
+        payload) or DROP. To answer it, send the answer and DROP it."""
+        _check(_lib.torus_verdict(self._c, frame, action, bytes(data), len(data)))
 
     def forget(self, name: str) -> None:
         """Forgets what resolve (or a send to the name) cached for `name`. A failure that

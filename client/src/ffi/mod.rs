@@ -98,6 +98,8 @@ pub const TORUS_RELIABLE: c_uint = 1;
 pub const TORUS_BWD_FENCE: c_uint = 2;
 /// Forward fence.
 pub const TORUS_FWD_FENCE: c_uint = 4;
+/// Services intercepting it on the path see it (short messages to a key).
+pub const TORUS_ON_PATH: c_uint = 16;
 
 /// Event kinds.
 pub const TORUS_EV_MESSAGE: c_int = 1;
@@ -130,6 +132,16 @@ pub const TORUS_EV_WRITTEN: c_int = 13;
 pub const TORUS_EV_LONG_OFFER: c_int = 14;
 /// One of this application's long sends ended: tag = offer id, reason = `TORUS_LONG_*`.
 pub const TORUS_EV_LONG_DONE: c_int = 15;
+/// A frame of this application's service on its way through this server, held for
+/// `torus_verdict`: tag = its id, from, key (keyed), its payload in the buffer.
+pub const TORUS_EV_INTERCEPTED: c_int = 16;
+
+/// Verdicts: the frame goes on as it was.
+pub const TORUS_PASS: c_int = 0;
+/// It goes on with the given payload.
+pub const TORUS_CHANGE: c_int = 1;
+/// It is dropped.
+pub const TORUS_DROP: c_int = 2;
 
 /// An event, as `torus_recv` fills it.
 #[repr(C)]
@@ -271,6 +283,7 @@ fn opts(flags: c_uint) -> SendOptions {
         forward_fence: flags & TORUS_FWD_FENCE != 0,
         tag: None,
         from: (from != 0).then_some(from),
+        on_path: flags & TORUS_ON_PATH != 0,
     }
 }
 
@@ -498,6 +511,20 @@ fn fill(ev: &mut torus_event, e: &Event) -> Option<Vec<u8>> {
             rmem::fill(ev, e);
         }
         Event::LongOffer(_) | Event::LongDone { .. } => return long::fill(ev, e),
+        Event::Intercepted {
+            id,
+            from,
+            key,
+            data,
+        } => {
+            ev.kind = TORUS_EV_INTERCEPTED;
+            ev.from = (*from).into();
+            ev.tag = *id;
+            ev.keyed = c_int::from(key.is_some());
+            ev.key = key.unwrap_or(0);
+            ev.len = data.len();
+            return Some(data.clone());
+        }
     }
     None
 }
@@ -613,6 +640,61 @@ pub unsafe extern "C" fn torus_add_name(
                 }
                 0
             }
+            Err(e) => code(e),
+        }
+    })
+}
+
+/// Intercepts (`on` non-zero) or stops intercepting this application's service on the
+/// path: its frames sent with `TORUS_ON_PATH` that pass through this server come as
+/// `TORUS_EV_INTERCEPTED` for a verdict.
+///
+/// # Safety
+/// `c` is a live client.
+#[no_mangle]
+pub unsafe extern "C" fn torus_intercept(c: *mut torus_client, on: c_int) -> c_int {
+    guard(TORUS_EINVAL, || {
+        // SAFETY: by contract, checked for null.
+        let Some(c) = (unsafe { c.as_ref() }) else {
+            return invalid("null client");
+        };
+        match c.c.intercept(on != 0) {
+            Ok(()) => 0,
+            Err(e) => code(e),
+        }
+    })
+}
+
+/// The verdict on intercepted frame `id`: `TORUS_PASS`, `TORUS_CHANGE` (with `len` bytes of
+/// new payload at `data`) or `TORUS_DROP`.
+///
+/// # Safety
+/// `c` is a live client, `data` valid for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn torus_verdict(
+    c: *mut torus_client,
+    id: u64,
+    verdict: c_int,
+    data: *const c_void,
+    len: usize,
+) -> c_int {
+    guard(TORUS_EINVAL, || {
+        // SAFETY: by contract, checked for null.
+        let Some(c) = (unsafe { c.as_ref() }) else {
+            return invalid("null client");
+        };
+        // SAFETY: by contract.
+        let Some(data) = (unsafe { bytes(data, len) }) else {
+            return invalid("null data");
+        };
+        let v = match verdict {
+            TORUS_PASS => crate::OnPath::Pass,
+            TORUS_CHANGE => crate::OnPath::Change(data),
+            TORUS_DROP => crate::OnPath::Drop,
+            _ => return invalid("verdict: TORUS_PASS, TORUS_CHANGE or TORUS_DROP"),
+        };
+        match c.c.verdict(id, v) {
+            Ok(()) => 0,
             Err(e) => code(e),
         }
     })

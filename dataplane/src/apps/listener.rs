@@ -10,7 +10,8 @@
 //! `{"cmd":"weight","weight":W}` -> `{"ok":true,"weight":GRANTED,"max_weight":M}` (the
 //! service's share of links, within the node file's limits: `crate::weights`),
 //! `{"cmd":"add_name","name":N}` -> `{"ok":true,"service":ID}` (another name for the same
-//! channel), `{"cmd":"status"}`. Closing the connection detaches the application.
+//! channel), `{"cmd":"intercept","on":B}` (its service's frames passing through shown to it
+//! for a verdict), `{"cmd":"status"}`. Closing the connection detaches the application.
 
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -122,6 +123,11 @@ fn serve(s: UnixStream, cfg: &AppsConfig, gid: Option<u32>, shared: &Arc<Shared>
     info.dead.store(true, Ordering::Release);
     // Messages for it are refused (and reported to their senders) from now on, not handed
     // to a channel nobody reads until the poller reaps it; and the poller reaps it now.
+    // Its frames pass through untouched again (were the queues full, the host would send
+    // them on unchanged: no application holds them).
+    if info.intercepting.load(Ordering::Acquire) {
+        let _ = shared.push(Command::Intercept(info.service, false));
+    }
     let mut names = vec![(info.name.clone(), info.service)];
     names.extend(info.added.lock().iter().cloned());
     for (_, id) in &names {
@@ -253,6 +259,7 @@ fn attach(
         counters: Default::default(),
         added: Default::default(),
         indexed: Default::default(),
+        intercepting: Default::default(),
         weight: cfg.weights.at_attach(name).into(),
     });
     enlist(shared, cfg, &info)?;
@@ -407,6 +414,16 @@ fn request(req: &Value, info: &AppInfo, weights: &Weights, shared: &Arc<Shared>)
                 }
             }
         }
+        Some("intercept") => {
+            let on = req.get("on").and_then(Value::as_bool).unwrap_or(true);
+            match shared.push(Command::Intercept(info.service, on)) {
+                Ok(()) => {
+                    info.intercepting.store(on, Ordering::Release);
+                    json!({"ok": true, "intercepting": on})
+                }
+                Err(_) => json!({"error": "torusd is busy: try again"}),
+            }
+        }
         Some("add_name") => match add_name(req, info, shared) {
             Ok(id) => json!({"ok": true, "service": id}),
             Err(e) => json!({ "error": e }),
@@ -418,7 +435,9 @@ fn request(req: &Value, info: &AppInfo, weights: &Weights, shared: &Arc<Shared>)
             "weight": info.weight.load(Ordering::Relaxed),
             "closed": *info.closed_why.lock(),
         }),
-        _ => json!({"error": "unknown request (resolve, notify_acks, weight, add_name, status)"}),
+        _ => json!({
+            "error": "unknown request (resolve, notify_acks, weight, add_name, intercept, status)"
+        }),
     }
 }
 

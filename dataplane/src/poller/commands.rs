@@ -68,6 +68,13 @@ impl Poller {
             }
             Command::NotifyAcks(service, on) => self.node.notify_acks(service, on),
             Command::SetWeight(service, weight) => self.node.set_service_weight(service, weight),
+            Command::Intercept(service, on) => {
+                if on {
+                    self.node.intercept(service, Box::new(HoldForApp));
+                } else {
+                    self.node.stop_intercepting(service);
+                }
+            }
             Command::SetCongestion(on) => self.node.set_congestion(on),
             Command::Deliver(service, e) => {
                 let _ = self.dispatch(service, e);
@@ -178,5 +185,20 @@ impl Poller {
         if let Some(a) = ack {
             let _ = a.send(());
         }
+    }
+}
+
+/// The on-path hook of an application's service: every frame of it passing through is held
+/// (the application, in its own process, decides later; the applications' host puts it back
+/// on its way or drops it).
+struct HoldForApp;
+
+impl torusnet_proto::node::Interceptor for HoldForApp {
+    fn on_path(
+        &mut self,
+        _h: &torusnet_proto::wire::Header,
+        _payload: &mut [u8],
+    ) -> torusnet_proto::node::Verdict {
+        torusnet_proto::node::Verdict::Hold
     }
 }

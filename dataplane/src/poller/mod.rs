@@ -197,6 +197,7 @@ impl Poller {
         for i in 0..self.links.ports.len() {
             work += self.receive(i);
         }
+        work += self.pass_held();
         self.node.take_released(&mut self.released);
         self.links.unhold(&mut self.released);
         self.state_rx_room();
@@ -448,6 +449,31 @@ impl Poller {
 
     /// An event for service `id`: to the hosted service that owns it (which reads it by
     /// reference: the event comes back, for its buffer to be reused), or to its inbox.
+    /// Passes the frames applications' on-path hooks held to the applications' host; a
+    /// frame that finds its queue full goes on unchanged.
+    fn pass_held(&mut self) -> usize {
+        let held = self.node.take_held();
+        let n = held.len();
+        let mut passed = false;
+        for f in held {
+            match self.shared.apps.intercepted.push(f) {
+                Ok(()) => passed = true,
+                Err(mut f) => {
+                    let now = self.now();
+                    if let torusnet_proto::node::RxAction::Forward(hops) =
+                        self.node.resume_on_path(now, &mut f)
+                    {
+                        self.links.send_on(hops, f);
+                    }
+                }
+            }
+        }
+        if passed {
+            self.shared.shards[0].wake();
+        }
+        n
+    }
+
     /// Passes reliable messages to keys whose roots' connections are other pollers' to
     /// those pollers (as sends to the key: the engine there follows the root from then on).
     /// One that finds the other poller's queue full is reported failed to its sender.

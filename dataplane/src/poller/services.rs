@@ -174,7 +174,33 @@ impl<'a> Routed<'a> {
     }
 }
 
+impl Routed<'_> {
+    /// Puts a held frame back on its way from this poller's engine: on a link of the poller
+    /// that has it (its hand-off queue, which this poller also reads each turn).
+    fn resume(&mut self, now: Time, mut frame: Vec<u8>) -> bool {
+        let hops = match self.node.resume_on_path(now, &mut frame) {
+            torusnet_proto::node::RxAction::Forward(h) => h,
+            // Delivered here (the key's root moved here meanwhile), or dropped: counted.
+            _ => return true,
+        };
+        for d in hops.iter() {
+            if let Some(owner) = self.shared.link_shard[usize::from(d.index())] {
+                let mut counts = crate::shared::HandoffCounts::default();
+                let ok = self.shared.shards[owner]
+                    .hand_off(crate::shared::Handoff::Send(d, frame), &mut counts);
+                self.shared.shards[owner].wake();
+                return ok;
+            }
+        }
+        false
+    }
+}
+
 impl Engine for Routed<'_> {
+    fn resume_on_path(&mut self, now: Time, frame: Vec<u8>) -> bool {
+        self.resume(now, frame)
+    }
+
     fn local(&self) -> Coord {
         self.node.local()
     }

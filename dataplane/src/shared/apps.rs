@@ -37,6 +37,14 @@ pub struct AppCounters {
     /// "Return buffer missing" notices owed to senders that could not be sent: more were
     /// waiting for room in the transport than it keeps, or the sender could not be reached.
     pub notices_lost: AtomicU64,
+    /// Frames of its service passing through shown to it (it intercepts on the path).
+    pub on_path_seen: AtomicU64,
+    /// Of those, dropped by its verdict.
+    pub on_path_dropped: AtomicU64,
+    /// Of those, sent on as they were because no verdict came by the deadline (or it left).
+    pub on_path_expired: AtomicU64,
+    /// Frames that could not be put back on their way (no link took them).
+    pub on_path_lost: AtomicU64,
 }
 
 /// One attached application, as both the listener and the host see it.
@@ -70,6 +78,8 @@ pub struct AppInfo {
     /// How many of `added` the host delivers to: the listener answers an added name only
     /// once the host has taken it, as for the attach.
     pub indexed: std::sync::atomic::AtomicUsize,
+    /// It intercepts its service's frames passing through this server.
+    pub intercepting: AtomicBool,
 }
 
 impl AppInfo {
@@ -98,6 +108,9 @@ pub struct NewApp {
 /// attached application (for status and for unique service ids).
 pub struct AppsRegistry {
     pub(crate) pending: ArrayQueue<NewApp>,
+    /// Frames of intercepting applications' services that pollers held on their way (whole
+    /// frames), for the host to hand to the applications.
+    pub(crate) intercepted: ArrayQueue<Vec<u8>>,
     pub(crate) apps: Mutex<Vec<Arc<AppInfo>>>,
     /// Set when an application added a name: the host indexes its services again.
     pub(crate) renamed: AtomicBool,
@@ -115,6 +128,7 @@ impl Default for AppsRegistry {
     fn default() -> AppsRegistry {
         AppsRegistry {
             pending: ArrayQueue::new(64),
+            intercepted: ArrayQueue::new(4096),
             apps: Mutex::new(Vec::new()),
             renamed: AtomicBool::new(false),
         }
@@ -146,6 +160,10 @@ impl AppsRegistry {
                 bad: g(&a.counters.bad),
                 buffers_filled: g(&a.counters.buffers_filled),
                 notices_lost: g(&a.counters.notices_lost),
+                on_path_seen: g(&a.counters.on_path_seen),
+                on_path_dropped: g(&a.counters.on_path_dropped),
+                on_path_expired: g(&a.counters.on_path_expired),
+                on_path_lost: g(&a.counters.on_path_lost),
             })
             .collect()
     }

@@ -49,6 +49,9 @@ pub enum Command {
     SetWeight(u16, u32),
     /// The congestion controller on or off, for every connection.
     SetCongestion(bool),
+    /// Frames of service `u16` passing through are held for the application that asked
+    /// (on: `true`), or pass again (`false`); every poller.
+    Intercept(u16, bool),
     /// An event for service `u16`, from a poller that does not host it.
     Deliver(u16, Event),
     /// An event every service hears of, from a poller that hosts none.
@@ -79,6 +82,7 @@ impl std::fmt::Debug for Command {
             Command::NotifyAcks(s, on) => write!(f, "NotifyAcks({s}, {on})"),
             Command::SetWeight(s, w) => write!(f, "SetWeight({s}, {w})"),
             Command::SetCongestion(on) => write!(f, "SetCongestion({on})"),
+            Command::Intercept(s, on) => write!(f, "Intercept({s}, {on})"),
             Command::Deliver(s, _) => write!(f, "Deliver({s})"),
             Command::Broadcast(_) => f.write_str("Broadcast"),
             Command::LinkCarrier(d, up) => write!(f, "LinkCarrier({d}, {up})"),
@@ -107,6 +111,7 @@ impl Command {
             Command::NotifyAcks(id, on) => Some(Command::NotifyAcks(*id, *on)),
             Command::SetWeight(id, w) => Some(Command::SetWeight(*id, *w)),
             Command::SetCongestion(on) => Some(Command::SetCongestion(*on)),
+            Command::Intercept(id, on) => Some(Command::Intercept(*id, *on)),
             _ => None,
         })
     }

@@ -134,7 +134,8 @@ impl Shared {
             Command::SetView(..)
             | Command::NotifyAcks(..)
             | Command::SetWeight(..)
-            | Command::SetCongestion(..) => {
+            | Command::SetCongestion(..)
+            | Command::Intercept(..) => {
                 // Room first: a fan-out half done would leave pollers disagreeing.
                 if self.shards.iter().any(|s| s.commands.is_full()) {
                     return Err(c);

@@ -58,6 +58,10 @@ pub struct Node {
     key_out: VecDeque<KeyMsg>,
     events: VecDeque<Event>,
     interceptors: Vec<(u16, Box<dyn Interceptor>)>,
+    /// Frames on-path hooks hold, for the driver ([`Node::take_held`]).
+    held: Vec<Vec<u8>>,
+    /// A held frame is being put back on its way: no hook sees it again here.
+    resuming: bool,
     stats: NodeStats,
     mtu: usize,
     source: SourceRouter,
@@ -100,6 +104,8 @@ impl Node {
             key_out: VecDeque::new(),
             events: VecDeque::new(),
             interceptors: Vec::new(),
+            held: Vec::new(),
+            resuming: false,
             stats: NodeStats::default(),
             mtu: cfg.mtu,
             source: SourceRouter::new(local),

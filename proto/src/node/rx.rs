@@ -85,11 +85,16 @@ impl Node {
         if dest == self.local {
             return self.deliver(now, &h, frame, lend);
         }
-        if h.has(flags::INTERCEPT) {
-            if let Some(v) = self.run_interceptor(&h, frame) {
-                if v == Verdict::Consume {
+        if h.has(flags::INTERCEPT) && !self.resuming {
+            match self.run_interceptor(&h, frame) {
+                Some(Verdict::Consume) => {
                     return Received::Action(RxAction::Drop(DropReason::Intercepted));
                 }
+                Some(Verdict::Hold) => {
+                    self.held.push(frame.to_vec());
+                    return Received::Action(RxAction::Consumed);
+                }
+                Some(Verdict::Forward) | None => {}
             }
         }
         Received::Action(self.pass_on(dest, frame))
@@ -131,8 +136,9 @@ impl Node {
                 .on_frame(now, &self.view, None, &h, head, frame_len);
             return Some(self.routed_on(fate, head));
         }
-        let intercepted =
-            p.has(flags::INTERCEPT) && self.interceptors.iter().any(|(s, _)| *s == p.service);
+        let intercepted = p.has(flags::INTERCEPT)
+            && !self.resuming
+            && self.interceptors.iter().any(|(s, _)| *s == p.service);
         if dest == self.local || intercepted {
             return None;
         }

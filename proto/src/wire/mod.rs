@@ -812,6 +812,25 @@ fn message_at(payload: &[u8], at: usize) -> Result<(usize, u16, u8), WireError> 
     Ok((len, u16::from_be_bytes([h[2], h[3]]), h[4]))
 }
 
+/// `frame` (a whole frame, headers included) with its payload replaced by `payload`: the
+/// headers as they are but the payload length, for an on-path service that changed a frame
+/// it held. `None` when `frame` is not a frame or `payload` does not fit one.
+pub fn with_payload(frame: &[u8], payload: &[u8]) -> Option<Vec<u8>> {
+    let v = FrameView::new_checked(frame).ok()?;
+    let mut h = Header::parse(&v).ok()?;
+    if h.route_len > 0 {
+        // A source-routed frame's route sits between the headers and the payload.
+        return None;
+    }
+    h.payload_len = u16::try_from(payload.len()).ok()?;
+    let mut out = vec![0u8; HEADERS_LEN + payload.len()];
+    out[..ETH_LEN].copy_from_slice(frame.get(..ETH_LEN)?);
+    h.emit(&mut out).ok()?;
+    out[HEADERS_LEN..].copy_from_slice(payload);
+    FrameView::new_checked(&out).ok()?;
+    Some(out)
+}
+
 /// Checks every message of an aggregated payload, as iterating [`Messages`] over it would
 /// (the same checks, the same first error), and returns how many there are, the union of
 /// their flags and whether one is for a service numbered `watch` or above (the reserved

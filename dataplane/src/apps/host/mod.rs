@@ -29,6 +29,7 @@ use torusnet_proto::transport::{FailReason, Fences, Lent, SendError, KEYED, NOTI
 use crate::shared::{AppInfo, NewApp, Shared};
 
 mod notices;
+mod on_path;
 mod untrusted;
 
 use notices::OwedNotices;
@@ -98,6 +99,9 @@ pub(super) struct App {
     produced: bool,
     /// The TX data consumed so far (published at the end of each batch).
     pub(super) txd_done: u64,
+    /// Frames held for its verdict (it intercepts its service on the path), by id.
+    held: HashMap<u64, on_path::Held>,
+    next_held: u64,
 }
 
 impl App {
@@ -165,6 +169,11 @@ impl AppsHost {
         }
     }
 
+    /// The application that owns service id `id`, if one does.
+    fn owner_of(&self, id: u16) -> Option<usize> {
+        self.by_service.get(&id).copied()
+    }
+
     fn reindex(&mut self) {
         let old = std::mem::take(&mut self.by_service);
         for a in &mut self.apps {
@@ -227,6 +236,8 @@ impl AppsHost {
                 posted: HashMap::new(),
                 produced: false,
                 txd_done: 0,
+                held: HashMap::new(),
+                next_held: 0,
             });
             n += 1;
         }
@@ -400,6 +411,19 @@ impl AppsHost {
                 op::CANCEL_BUFFER => {
                     self.apps[i].posted.remove(&e.buf_id);
                 }
+                op::VERDICT => {
+                    let mut data = vec![0u8; (e.data_len as usize).min(65536)];
+                    let (_, txd_size) = r.txd();
+                    if !data.is_empty() && !r.copy_out(r.txd(), e.data_pos % txd_size, &mut data) {
+                        self.count_bad(i);
+                        data.clear();
+                    }
+                    let a = &mut self.apps[i];
+                    a.txd_done = a
+                        .txd_done
+                        .max(e.data_pos.saturating_add(u64::from(e.data_len)));
+                    self.verdict(i, now, node, &e, &data);
+                }
                 o if super::rmem_ops::is_rmem_op(o) => self.rm_submission(i, &e),
                 _ => {
                     self.count_bad(i);
@@ -500,7 +524,7 @@ impl AppsHost {
                     backward: first.flags & sflag::BWD_FENCE != 0,
                     forward: first.flags & sflag::FWD_FENCE != 0,
                 },
-                intercept: false,
+                intercept: first.flags & sflag::ON_PATH != 0,
                 tag: first.tag,
                 from: Some(from),
             },
@@ -888,6 +912,11 @@ impl Service for AppsHost {
 
     fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {
         let mut n = self.adopt();
+        n += self.take_intercepted(now, node);
+        for i in 0..self.apps.len() {
+            let leaving = self.apps[i].info.dead.load(Ordering::Acquire);
+            self.expire_held(i, now, node, leaving);
+        }
         if self.shared.apps.renamed.swap(false, Ordering::AcqRel) {
             self.reindex();
         }
@@ -912,10 +941,15 @@ impl Service for AppsHost {
         n
     }
 
+    fn poll_timeout(&self) -> Option<Time> {
+        self.held_deadline()
+    }
+
     fn may_sleep(&mut self) -> bool {
         // Only the remote-memory events of attached applications: events for an owner that
         // has gone would keep the poller from sleeping for ever.
         let mut idle = self.shared.apps.pending.is_empty()
+            && self.shared.apps.intercepted.is_empty()
             && !self
                 .shared
                 .rmem

@@ -68,6 +68,7 @@ fn run_channel(data: &[u8]) -> Option<(u64, u64)> {
         counters: Default::default(),
         added: Default::default(),
         indexed: Default::default(),
+        intercepting: Default::default(),
         weight: 1.into(),
     });
     let shared = Arc::new(shared);
