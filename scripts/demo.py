@@ -307,6 +307,72 @@ def remote_memory():
               f"{v['long_end']} (it did no work while they moved)")
 
 
+def on_path():
+    """An application on the path: frames of its service crossing its server, held for its
+    verdict (pass, change, drop, answer)."""
+    section("on the path: an application on 1,0,0 and 0,1,0 sees its service's frames from 0,0,0 to 1,1,0")
+    # Routing key 0x8000800000000000 has its root at 1,1,0: from 0,0,0 through 1,0,0 or 0,1,0.
+    key = 0x8000800000000000
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(ROOT, "target/release"))
+    procs = []
+    for at in ("1-0-0", "0-1-0"):
+        p = subprocess.Popen([os.path.join(ROOT, "target/release/examples/on_path"),
+                              f"{STATE}/{at}-apps.sock", "demo-cache", "4"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        procs.append(p)
+    ready = [p.stdout.readline() for p in procs]
+    if not all("intercepting" in r for r in ready):
+        for p in procs:
+            p.kill()
+            p.wait()
+        print("   the interceptors did not start")
+        return
+    script = (
+        "import json, sys, time\n"
+        f"sys.path.insert(0, {os.path.join(ROOT, 'client/python')!r})\n"
+        "import torusnet\n"
+        f"sink = torusnet.Client({STATE + '/1-1-0-apps.sock'!r}, 'demo-cache')\n"
+        f"c = torusnet.Client({STATE + '/0-0-0-apps.sock'!r}, 'demo-asker')\n"
+        f"to = torusnet.Key({key}, sink.address.service)\n"
+        "kinds = ['pass', 'change', 'drop', 'get', 'slow']\n"
+        "for i in range(20):\n"
+        "    for k in kinds:\n"
+        "        c.send(to, f'{k}:{i}'.encode(), reliable=False, on_path=True)\n"
+        "got, back = [], []\n"
+        "t0 = time.time()\n"
+        "while time.time() - t0 < 3 and (len(got) < 60 or len(back) < 20):\n"
+        "    for cl, into in ((sink, got), (c, back)):\n"
+        "        ev = cl.recv(0.02)\n"
+        "        if ev is not None and ev.kind == torusnet.MESSAGE:\n"
+        "            into.append(ev.data.decode())\n"
+        "print(json.dumps({'got': got, 'back': back}))\n"
+    )
+    r = subprocess.run(["python3", "-c", script], capture_output=True, text=True, env=env,
+                       timeout=60)
+    summaries = []
+    for p in procs:
+        out, _ = p.communicate(timeout=30)
+        try:
+            summaries.append(json.loads(out.strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            summaries.append({})
+    try:
+        v = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        print(f"   did not complete: {(r.stderr or r.stdout).strip()[-300:]}")
+        return
+    total = {k: sum(s.get(k, 0) for s in summaries) for k in ("passed", "changed", "dropped",
+                                                                "answered", "left")}
+    kinds = {k: sum(1 for m in v["got"] if m.startswith(k)) for k in ("pass", "changed", "slow",
+                                                                       "drop", "get")}
+    print(f"   100 short messages to the key on the path; the interceptors (Rust, client/examples/on_path.rs) "
+          f"passed {total['passed']}, changed {total['changed']}, dropped {total['dropped']}, answered "
+          f"{total['answered']}, left {total['left']} without a verdict")
+    print(f"   1,1,0 received {kinds['pass']} as sent, {kinds['changed']} changed on the way, {kinds['slow']} "
+          f"after the 20 ms deadline, {kinds['drop'] + kinds['get']} of the dropped or answered; the sender got "
+          f"{len(v['back'])} answers from the path (docs/applications.md, \"On the path\")")
+
+
 def trees():
     """Multicast over the six trees, and the word count merged on path (Camdoop)."""
     section("trees: 50 MB multicast from 0,0,0 to the 26 others; a word count merged on the way to 1,1,1")
@@ -589,6 +655,7 @@ def main():
     applications()
     slow_reader()
     remote_memory()
+    on_path()
     trees()
     churn()
     key_value()
