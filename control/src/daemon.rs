@@ -507,8 +507,30 @@ fn wait_for_frames(fds: &mut [libc::pollfd], wait: Duration) {
     };
 }
 
+/// The scheduling priority the control process asks for (a nice value): above the
+/// dataplane's, whose pollers may spin, and above other programs on a loaded host.
+const NICE: i32 = -10;
+
+/// Raises this process's scheduling priority to [`NICE`] when it may (root, or
+/// `CAP_SYS_NICE`; systemd's `Nice=` does it for the unit otherwise). Failure detection is
+/// timing: a control process starved of the CPU for three hello intervals stops sending
+/// hellos, and its neighbours declare its links down although it lives (seen on namespace
+/// tori, while a restarting neighbour's dataplane pinned its memory). Its own work is a few
+/// frames every hello interval, so the priority costs others nothing.
+fn raise_priority() {
+    // SAFETY: setpriority on this process; no memory involved.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, NICE) };
+    if r != 0 {
+        tracing::debug!(
+            "cannot raise the scheduling priority to nice {NICE}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// Runs the control process until `stop` is set.
 pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
+    raise_priority();
     let socks = open_links(&cfg.links)?;
     let persisted = read_coord(&cfg.state_file, cfg.dims);
     // The control plane's clock starts now; take-over instants travel as wall-clock times
