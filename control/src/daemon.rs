@@ -327,7 +327,12 @@ impl Publisher {
         }
         self.check_alive();
         self.connect();
-        let up = self.conn.is_some();
+        // Up once torusd has taken a view: it starts its dataplane on the first one and
+        // answers only when it runs. Merely connected, it may still be attaching its links
+        // (hundreds of milliseconds on a loaded host, when its neighbours may also miss this
+        // server's hellos); a server that took its keys then would lose the messages for
+        // them, and its neighbours, declaring its links down meanwhile, would take them too.
+        let up = self.conn.is_some() && self.last_msg.is_some();
         if up != node.dataplane_up() {
             journal.say(if up {
                 "torusd is back: links advertised".into()
@@ -375,8 +380,8 @@ impl Publisher {
         }
     }
 
-    /// Connects to torusd when not connected (at most every 200 ms): a connected torusd is
-    /// the sign that this server's dataplane runs.
+    /// Connects to torusd when not connected (at most every 200 ms); the dataplane runs
+    /// once torusd has taken a view over the connection (see `tend`).
     fn connect(&mut self) {
         if self.conn.is_some()
             || self
@@ -562,6 +567,11 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         .transpose()?;
     let now = || Time::from_nanos(epoch.elapsed().as_nanos() as u64);
     let mut publisher = cfg.dataplane.clone().map(Publisher::new);
+    if publisher.is_some() {
+        // With a dataplane to serve, none runs until torusd has taken a view: advertising
+        // links (and taking keys) before that would claim what cannot be served yet.
+        node.set_dataplane(false);
+    }
     // After a (re)start, publish only once the database has been refilled, so a restarted
     // control process never hands torusd a half-empty view: neighbours send their whole
     // database when a link comes up, so shortly after every link is up it is complete; at
