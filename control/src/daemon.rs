@@ -533,6 +533,17 @@ fn raise_priority() {
     }
 }
 
+/// The publisher to torusd, when this server has a dataplane to serve; then none runs until
+/// torusd has taken a view: advertising links (and taking keys) before that would claim what
+/// cannot be served yet.
+fn dataplane_publisher(cfg: &DaemonConfig, node: &mut ControlNode) -> Option<Publisher> {
+    let p = cfg.dataplane.clone().map(Publisher::new);
+    if p.is_some() {
+        node.set_dataplane(false);
+    }
+    p
+}
+
 /// Runs the control process until `stop` is set.
 pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     raise_priority();
@@ -566,12 +577,7 @@ pub fn run(cfg: DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         .map(|addr| serve_metrics(addr, status.clone()))
         .transpose()?;
     let now = || Time::from_nanos(epoch.elapsed().as_nanos() as u64);
-    let mut publisher = cfg.dataplane.clone().map(Publisher::new);
-    if publisher.is_some() {
-        // With a dataplane to serve, none runs until torusd has taken a view: advertising
-        // links (and taking keys) before that would claim what cannot be served yet.
-        node.set_dataplane(false);
-    }
+    let mut publisher = dataplane_publisher(&cfg, &mut node);
     // After a (re)start, publish only once the database has been refilled, so a restarted
     // control process never hands torusd a half-empty view: neighbours send their whole
     // database when a link comes up, so shortly after every link is up it is complete; at
