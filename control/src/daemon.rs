@@ -327,12 +327,14 @@ impl Publisher {
         }
         self.check_alive();
         self.connect();
-        // Up once torusd has taken a view: it starts its dataplane on the first one and
+        let up = self.conn.is_some();
+        // Serving once torusd has taken a view: it starts its dataplane on the first one and
         // answers only when it runs. Merely connected, it may still be attaching its links
         // (hundreds of milliseconds on a loaded host, when its neighbours may also miss this
         // server's hellos); a server that took its keys then would lose the messages for
         // them, and its neighbours, declaring its links down meanwhile, would take them too.
-        let up = self.conn.is_some() && self.last_msg.is_some();
+        // Its links are advertised from the connection on (torusd's first view shows them).
+        node.set_serving(up && self.last_msg.is_some());
         if up != node.dataplane_up() {
             journal.say(if up {
                 "torusd is back: links advertised".into()
@@ -533,13 +535,12 @@ fn raise_priority() {
     }
 }
 
-/// The publisher to torusd, when this server has a dataplane to serve; then none runs until
-/// torusd has taken a view: advertising links (and taking keys) before that would claim what
-/// cannot be served yet.
+/// The publisher to torusd, when this server has a dataplane to serve; then it serves only
+/// once torusd has taken a view: taking keys before that would claim what cannot be served.
 fn dataplane_publisher(cfg: &DaemonConfig, node: &mut ControlNode) -> Option<Publisher> {
     let p = cfg.dataplane.clone().map(Publisher::new);
     if p.is_some() {
-        node.set_dataplane(false);
+        node.set_serving(false);
     }
     p
 }

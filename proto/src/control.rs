@@ -182,8 +182,11 @@ pub struct ControlNode {
     /// Whether this server's dataplane runs: while it does not, the server advertises no
     /// live link, so nobody routes to or through a server that would drop every frame.
     dataplane_up: bool,
+    /// Whether its dataplane serves (it has taken a view and runs): only then does a server
+    /// that advertises links take its keys.
+    serving: bool,
     /// When this server takes its keys: set when it starts advertising links after
-    /// advertising none (a start, a restart, the end of an isolation).
+    /// advertising none (a start, a restart, the end of an isolation) and serves.
     active_at: Option<Time>,
     /// The next instant a joining server (this one or another) takes its keys: the view
     /// changes then, without any frame saying so.
@@ -232,6 +235,7 @@ impl ControlNode {
             last_now: Time::ZERO,
             base: None,
             dataplane_up: true,
+            serving: true,
             active_at: None,
             next_activation: None,
         };
@@ -581,7 +585,7 @@ impl ControlNode {
         // A server that starts advertising links after advertising none joins: it takes its
         // keys a hold-down from now, an instant its record tells everyone.
         match (self.advertised().is_empty(), self.active_at) {
-            (false, None) => {
+            (false, None) if self.serving => {
                 self.active_at = Some(now + self.cfg.join_holddown);
                 self.last_flood = None;
                 self.touch();
@@ -661,6 +665,22 @@ impl ControlNode {
             self.dataplane_up = up;
             self.seq += 1;
             self.last_flood = None;
+            self.touch();
+        }
+    }
+
+    /// Tells the control plane whether this server's dataplane serves (not merely starts):
+    /// a server takes its keys, a hold-down after it joins, only while it does. A dataplane
+    /// that is still attaching its links cannot serve the messages for them, and its
+    /// neighbours may briefly miss this server's hellos meanwhile and take the same keys.
+    pub fn set_serving(&mut self, on: bool) {
+        if self.serving != on {
+            self.serving = on;
+            if !on && self.active_at.take().is_some() {
+                // Its record no longer names a take-over instant: flooded at once.
+                self.seq += 1;
+                self.last_flood = None;
+            }
             self.touch();
         }
     }
