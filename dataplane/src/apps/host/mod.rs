@@ -414,9 +414,15 @@ impl AppsHost {
                 op::VERDICT => {
                     let mut data = vec![0u8; (e.data_len as usize).min(65536)];
                     let (_, txd_size) = r.txd();
-                    if !data.is_empty() && !r.copy_out(r.txd(), e.data_pos % txd_size, &mut data) {
+                    let read =
+                        data.is_empty() || r.copy_out(r.txd(), e.data_pos % txd_size, &mut data);
+                    let mut e = e;
+                    if !read || e.data_len as usize > data.len() {
+                        // Bytes outside the ring, or a payload larger than any frame's: the
+                        // verdict is refused (counted), and the frame goes on as it was.
                         self.count_bad(i);
                         data.clear();
+                        e.kind = torusnet_client::channel::verdict::PASS;
                     }
                     let a = &mut self.apps[i];
                     a.txd_done = a
