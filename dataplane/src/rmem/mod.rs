@@ -772,47 +772,41 @@ impl RmemService {
                     self.send(src, m.encode(), rel(0, Fences::default()));
                     return;
                 }
-                // Checked whole first (all or nothing, as before the bytes moved), then each
-                // frame-sized piece read from the region straight into its message; a piece
-                // refused after all (revoked meanwhile by another thread) ends the read.
-                let whole = self.rm.table.lock().check_read(
-                    cookie,
-                    owner,
-                    region,
-                    offset,
-                    len,
-                    Instant::now(),
-                );
+                // Checked once, whole (all or nothing), and read under the same lock, each
+                // frame-sized piece straight into its message; sent once the lock is gone.
                 let chunk = (self.chunk + wire::WRITE_HEADER - wire::READ_DATA_HEADER) as u64;
-                let mut pos = 0;
-                let mut status = whole.err();
-                while status.is_none() && pos < len {
-                    let n = (len - pos).min(chunk);
-                    let mut m = wire::read_data_message(op, pos, n as usize);
-                    let r = self.rm.table.lock().read(
-                        cookie,
-                        owner,
-                        region,
-                        offset.saturating_add(pos),
-                        &mut m[wire::READ_DATA_HEADER..],
-                        Instant::now(),
-                    );
-                    match r {
-                        Ok(()) => {
+                let pieces = {
+                    let mut t = self.rm.table.lock();
+                    t.check_read(cookie, owner, region, offset, len, Instant::now())
+                        .and_then(|()| {
+                            let mut out = Vec::new();
+                            let mut pos = 0;
+                            while pos < len {
+                                let n = (len - pos).min(chunk);
+                                let mut m = wire::read_data_message(op, pos, n as usize);
+                                let at = offset.saturating_add(pos);
+                                t.copy_out(owner, region, at, &mut m[wire::READ_DATA_HEADER..])?;
+                                out.push(m);
+                                pos += n;
+                            }
+                            Ok(out)
+                        })
+                };
+                match pieces {
+                    Ok(pieces) => {
+                        add(&self.rm.counters.bytes_read, len);
+                        for m in pieces {
                             self.send(src, m, rel(0, Fences::default()));
-                            add(&self.rm.counters.bytes_read, n);
-                            pos += n;
                         }
-                        Err(s) => status = Some(s),
                     }
-                }
-                if let Some(status) = status {
-                    let m = Msg::Result {
-                        op,
-                        status,
-                        bytes: 0,
-                    };
-                    self.send(src, m.encode(), rel(0, Fences::default()));
+                    Err(status) => {
+                        let m = Msg::Result {
+                            op,
+                            status,
+                            bytes: 0,
+                        };
+                        self.send(src, m.encode(), rel(0, Fences::default()));
+                    }
                 }
             }
             Msg::Result { op, status, bytes } => {

@@ -5,7 +5,6 @@
 //! frame without a verdict by its deadline goes on as it was; so do the frames held for an
 //! application that detaches or whose channel has no room for them.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use torusnet_client::channel::{cflag, cq, verdict, Cqe, Sqe, APP_HEADER};
@@ -180,6 +179,7 @@ fn changed(frame: &[u8], data: &[u8]) -> Option<Vec<u8>> {
     wire::with_payload(frame, &payload)
 }
 
+/// One more on a counter only the host writes.
 fn bump(c: &std::sync::atomic::AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
+    super::bump(c, 1);
 }
