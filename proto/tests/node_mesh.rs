@@ -863,3 +863,35 @@ fn a_key_message_for_a_root_another_engine_owns_is_handed_off() {
         }
     )));
 }
+
+#[test]
+fn services_hear_when_roots_move_without_a_reachability_change() {
+    let dims = Dims::new(3, 3, 1).unwrap();
+    let joiner = Coord::new(1, 1, 0);
+    let mut view = LinkView::all_up(dims).unwrap();
+    view.set_joining(joiner, true).unwrap();
+    let mut mesh = Mesh::new(dims, &view);
+    mesh.run();
+    let moved = |events: &[Vec<Event>]| {
+        events
+            .iter()
+            .map(|e| e.iter().filter(|e| **e == Event::RootsMoved).count())
+            .collect::<Vec<_>>()
+    };
+    // It finishes joining: everyone is told once; nobody became reachable or unreachable.
+    view.set_joining(joiner, false).unwrap();
+    mesh.set_view(&view);
+    let events = mesh.run();
+    assert_eq!(moved(&events), vec![1; 9]);
+    assert!(events
+        .iter()
+        .flatten()
+        .all(|e| !matches!(e, Event::Reachable(_) | Event::Unreachable(_))));
+    // The same view again, and a view where only the joiner's reachability changes: no
+    // RootsMoved (Unreachable says it).
+    mesh.set_view(&view);
+    assert_eq!(moved(&mesh.run()), vec![0; 9]);
+    view.set_server(joiner, false).unwrap();
+    mesh.set_view(&view);
+    assert_eq!(moved(&mesh.run()), vec![0; 9]);
+}

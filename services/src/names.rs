@@ -5,10 +5,14 @@
 //! name`). Every server registers the names of its attached applications there, and
 //! re-registers them every `refresh`; an entry not refreshed for `3 x refresh` is dropped,
 //! as is every entry of a server that becomes unreachable. So the directory is soft state:
-//! when a root fails, the key's next candidate becomes its root and has the entries again
-//! after one refresh; an application that exits is unregistered at once, and one that moves
-//! to another server is found there as soon as it registers. A lookup goes to the root and
-//! comes back with every server hosting the name; it ends with an answer or its deadline.
+//! when a name's root changes (a root fails, a server finishes joining and takes the key),
+//! every server registering the name sends it to the new root at once, and the new root,
+//! until one refresh has passed since its view changed, holds a lookup it has no entry for
+//! rather than answer "nowhere" (a registration may still be on its way: views change on
+//! different servers at different moments). An application that exits is unregistered at
+//! once, and one that moves to another server is found there as soon as it registers. A
+//! lookup goes to the root and comes back with every server hosting the name; it ends with
+//! an answer or its deadline.
 //!
 //! Messages (reliable, service 5): `G id name` register, `U id name` unregister,
 //! `L query name` look up, `A query n (x y z id)*n` answer. Names are at most 255 bytes;
@@ -40,6 +44,8 @@ pub fn is_service_name(name: &str) -> bool {
 }
 const MAX_NAMES: usize = 1 << 16;
 const MAX_HOSTS: usize = 256;
+/// Lookups a settling root holds at most (more are answered with what it knows).
+const MAX_HELD: usize = 4096;
 
 /// What the name service is asked by its own server.
 #[derive(Debug)]
@@ -80,13 +86,33 @@ struct Pending {
     deadline: Time,
 }
 
+/// A name this server registers, and the root it last sent the registration to.
+#[derive(Debug)]
+struct Mine {
+    name: String,
+    id: u16,
+    root: Option<Coord>,
+}
+
+/// A lookup this root holds: it has no entry yet, and its view changed less than one
+/// refresh ago.
+#[derive(Debug)]
+struct Held {
+    from: Coord,
+    query: u64,
+    name: String,
+}
+
 /// The name service of one server: its own registrations, the directory entries it roots,
 /// and lookups in flight.
 #[derive(Debug)]
 pub struct Names {
     refresh: Duration,
-    mine: Vec<(String, u16)>,
+    mine: Vec<Mine>,
     next_refresh: Option<Time>,
+    /// Until then, lookups of names without an entry are held (the view changed).
+    settling_until: Option<Time>,
+    held: Vec<Held>,
     /// name -> (server, service id, expires).
     directory: HashMap<String, Vec<(Coord, u16, Time)>>,
     pending: HashMap<u64, Pending>,
@@ -114,6 +140,8 @@ impl Names {
             refresh,
             mine: Vec::new(),
             next_refresh: None,
+            settling_until: None,
+            held: Vec::new(),
             directory: HashMap::new(),
             pending: HashMap::new(),
             next_query: 1,
@@ -135,7 +163,32 @@ impl Names {
         let _ = node.send(now, Target::Key(name_key(name)), NAMES, &self.buf, rel());
     }
 
-    fn register_at(&mut self, now: Time, from: Coord, id: u16, name: &str) {
+    /// Registers every name of ours whose root is not the one last registered at (`all`:
+    /// every name, the refresh). Returns how many were sent.
+    fn register_mine(&mut self, now: Time, node: &mut dyn Engine, all: bool) -> usize {
+        let mut mine = std::mem::take(&mut self.mine);
+        let mut n = 0;
+        for m in &mut mine {
+            let root = node.key_root(name_key(&m.name));
+            if all || root != m.root {
+                m.root = root;
+                self.send_named(now, node, b'G', m.id, &m.name);
+                n += 1;
+            }
+        }
+        self.mine = mine;
+        n
+    }
+
+    /// The view changed: names whose root moved are registered there now, and this server
+    /// holds "nowhere" answers for one refresh (the registrations of names it now roots
+    /// may still be on their way).
+    fn view_changed(&mut self, now: Time, node: &mut dyn Engine) {
+        self.register_mine(now, node, false);
+        self.settling_until = Some(now + self.refresh);
+    }
+
+    fn register_at(&mut self, now: Time, node: &mut dyn Engine, from: Coord, id: u16, name: &str) {
         if name.len() > MAX_NAME
             || (self.directory.len() >= MAX_NAMES && !self.directory.contains_key(name))
         {
@@ -150,6 +203,14 @@ impl Names {
         } else if e.len() < MAX_HOSTS {
             e.push((from, id, expires));
         }
+        // Lookups held for this name have their answer now.
+        let (ready, rest): (Vec<Held>, Vec<Held>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.name == name);
+        self.held = rest;
+        for h in ready {
+            self.answer(now, node, h.from, h.query, &h.name);
+        }
     }
 
     fn unregister_at(&mut self, from: Coord, id: u16, name: &str) {
@@ -159,6 +220,23 @@ impl Names {
                 self.directory.remove(name);
             }
         }
+    }
+
+    /// Answers a lookup, or holds it while the view settles and no entry is known.
+    fn lookup(&mut self, now: Time, node: &mut dyn Engine, from: Coord, query: u64, name: &str) {
+        let known = self
+            .directory
+            .get(name)
+            .is_some_and(|e| e.iter().any(|x| x.2 > now));
+        if !known && self.settling_until.is_some_and(|t| now < t) && self.held.len() < MAX_HELD {
+            self.held.push(Held {
+                from,
+                query,
+                name: name.to_string(),
+            });
+            return;
+        }
+        self.answer(now, node, from, query, name);
     }
 
     fn answer(&mut self, now: Time, node: &mut dyn Engine, to: Coord, query: u64, name: &str) {
@@ -216,7 +294,7 @@ impl Names {
                     return;
                 };
                 if op == b'G' {
-                    self.register_at(now, src, id, name);
+                    self.register_at(now, node, src, id, name);
                 } else {
                     self.unregister_at(src, id, name);
                 }
@@ -226,7 +304,7 @@ impl Names {
                 q.copy_from_slice(&rest[..8]);
                 if let Ok(name) = std::str::from_utf8(&rest[8..]) {
                     let name = name.to_string();
-                    self.answer(now, node, src, u64::from_le_bytes(q), &name);
+                    self.lookup(now, node, src, u64::from_le_bytes(q), &name);
                 }
             }
             b'A' if rest.len() >= 10 => {
@@ -261,9 +339,11 @@ impl Service for Names {
                     e.retain(|x| x.0 != *c);
                 }
                 self.directory.retain(|_, e| !e.is_empty());
+                self.view_changed(now, node);
             }
-            // A restarted root lost the directory: register again now.
-            Event::PeerReset { .. } | Event::Reachable(_) => self.next_refresh = Some(now),
+            Event::Reachable(_) | Event::RootsMoved => self.view_changed(now, node),
+            // A restarted root lost the directory: register everything again now.
+            Event::PeerReset { .. } => self.next_refresh = Some(now),
             _ => {}
         }
     }
@@ -276,14 +356,20 @@ impl Service for Names {
     ) -> Result<(), Request> {
         match *request.downcast::<NamesRequest>()? {
             NamesRequest::Register { name, id } => {
-                if !self.mine.iter().any(|(n, i)| *n == name && *i == id) {
-                    self.mine.push((name.clone(), id));
+                let root = node.key_root(name_key(&name));
+                match self.mine.iter_mut().find(|m| m.name == name && m.id == id) {
+                    Some(m) => m.root = root,
+                    None => self.mine.push(Mine {
+                        name: name.clone(),
+                        id,
+                        root,
+                    }),
                 }
                 self.send_named(now, node, b'G', id, &name);
                 self.next_refresh.get_or_insert(now + self.refresh);
             }
             NamesRequest::Unregister { name, id } => {
-                self.mine.retain(|(n, i)| !(*n == name && *i == id));
+                self.mine.retain(|m| !(m.name == name && m.id == id));
                 self.send_named(now, node, b'U', id, &name);
             }
             NamesRequest::Lookup {
@@ -307,7 +393,7 @@ impl Service for Names {
                 let key = name_key(&name);
                 if node.key_root(key) == Some(node.local()) {
                     let me = node.local();
-                    self.answer(now, node, me, q, &name);
+                    self.lookup(now, node, me, q, &name);
                 } else if let Err(e) = node.send(now, Target::Key(key), NAMES, &self.buf, rel()) {
                     if let Some(p) = self.pending.remove(&q) {
                         let _ = p
@@ -322,13 +408,16 @@ impl Service for Names {
 
     fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {
         let mut n = 0;
-        if self.next_refresh.is_some_and(|t| now >= t) {
-            let mine = std::mem::take(&mut self.mine);
-            for (name, id) in &mine {
-                self.send_named(now, node, b'G', *id, name);
+        if self.settling_until.is_some_and(|t| now >= t) {
+            self.settling_until = None;
+            // Settled: what is still held has no entry anywhere.
+            for h in std::mem::take(&mut self.held) {
+                self.answer(now, node, h.from, h.query, &h.name);
                 n += 1;
             }
-            self.mine = mine;
+        }
+        if self.next_refresh.is_some_and(|t| now >= t) {
+            n += self.register_mine(now, node, true);
             self.next_refresh =
                 (!self.mine.is_empty() || !self.directory.is_empty()).then_some(now + self.refresh);
             // Expired entries go with the refresh tick.
@@ -356,10 +445,10 @@ impl Service for Names {
 
     fn poll_timeout(&self) -> Option<Time> {
         let lookups = self.pending.values().map(|p| p.deadline).min();
-        match (self.next_refresh, lookups) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.next_refresh, lookups, self.settling_until]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 
@@ -387,6 +476,100 @@ pub fn check_untrusted(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testnet::Net;
+    use std::sync::mpsc::{channel, Receiver};
+
+    fn look(net: &mut Net<Names>, at: Coord, name: &str) -> Receiver<Value> {
+        let (reply, rx) = channel();
+        let r = NamesRequest::Lookup {
+            name: name.into(),
+            timeout: Duration::from_secs(5),
+            reply,
+        };
+        net.request(at, Box::new(r));
+        rx
+    }
+
+    fn servers(v: &Value) -> Vec<Value> {
+        v["locations"]
+            .as_array()
+            .map(|a| a.iter().map(|l| l["server"].clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// A torus where `name`'s key is rooted at `joiner` once it finishes joining, and at
+    /// another server while it joins; with the name registered at the server farthest from
+    /// `joiner`, and a server next to `joiner` to look it up from.
+    fn joining_root(name: &str) -> (Net<Names>, Coord, Coord, Coord) {
+        let dims = Dims::new(6, 6, 1).expect("6x6x1");
+        let mut net = Net::new(dims, |_| Names::new(Duration::from_secs(1)));
+        let joiner =
+            torusnet_proto::keyspace::root(dims, name_key(name), |_| true).expect("a root");
+        net.joining[dims.index(joiner)] = true;
+        let far = Coord::new((joiner.x + 3) % 6, (joiner.y + 3) % 6, 0);
+        let near = Coord::new((joiner.x + 1) % 6, joiner.y, 0);
+        net.request(
+            far,
+            Box::new(NamesRequest::Register {
+                name: name.into(),
+                id: 1025,
+            }),
+        );
+        net.run(Time::from_nanos(100_000_000));
+        (net, joiner, far, near)
+    }
+
+    #[test]
+    fn a_name_is_found_at_once_after_its_root_moves_to_a_server_that_finished_joining() {
+        let (mut net, joiner, far, near) = joining_root("echo-c");
+        let before = look(&mut net, near, "echo-c");
+        net.run(Time::from_nanos(200_000_000));
+        let v = before.try_recv().expect("answered");
+        assert_eq!(servers(&v), vec![json!([far.x, far.y, far.z])], "{v}");
+
+        // The joiner takes the key: the registrant sends there at once, but the lookup from
+        // next door arrives first (one hop against six). Held, not answered "nowhere".
+        net.set_joining(joiner, false);
+        let after = look(&mut net, near, "echo-c");
+        let t0 = net.now;
+        net.run(t0 + Duration::from_millis(5));
+        let v = after
+            .try_recv()
+            .expect("answered within a few hops, not a refresh");
+        assert_eq!(servers(&v), vec![json!([far.x, far.y, far.z])], "{v}");
+        assert_eq!(net.svc[net.dims.index(joiner)].rooted(), 1);
+    }
+
+    #[test]
+    fn a_name_nobody_registers_is_answered_nowhere_once_the_view_settles() {
+        let (mut net, joiner, _, near) = joining_root("echo-c");
+        net.set_joining(joiner, false);
+        let t0 = net.now;
+        let rx = look(&mut net, near, "nobody-here");
+        net.run(t0 + Duration::from_millis(500));
+        assert!(rx.try_recv().is_err(), "held while the view settles");
+        net.run(t0 + Duration::from_millis(1100));
+        let v = rx.try_recv().expect("answered after one refresh");
+        assert_eq!(servers(&v), Vec::<Value>::new(), "{v}");
+        // A settled root answers at once.
+        let rx = look(&mut net, near, "nobody-here");
+        let t0 = net.now;
+        net.run(t0 + Duration::from_millis(1));
+        assert!(rx.try_recv().is_ok(), "a settled root answers at once");
+    }
+
+    #[test]
+    fn a_name_whose_root_fails_is_registered_at_the_next_root_at_once() {
+        let (mut net, joiner, far, near) = joining_root("echo-c");
+        net.set_joining(joiner, false);
+        net.run(net.now + Duration::from_millis(50));
+        net.kill(joiner);
+        let rx = look(&mut net, near, "echo-c");
+        let t0 = net.now;
+        net.run(t0 + Duration::from_millis(5));
+        let v = rx.try_recv().expect("answered within a few hops");
+        assert_eq!(servers(&v), vec![json!([far.x, far.y, far.z])], "{v}");
+    }
 
     #[test]
     fn a_short_fuzz_run() {

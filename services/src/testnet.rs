@@ -2,8 +2,10 @@
 //! torus runs its own instance of a service, reliable messages take one tick per hop, a
 //! sender's queue holds a bounded number of messages (then `WouldBlock`), servers fail or
 //! freeze on cue (their neighbours' messages to them are reported failed, everyone is told
-//! they are unreachable, and after a freeze reachable again), and chosen messages are
-//! reported failed instead of delivered (as a transport does when its peer went silent).
+//! they are unreachable, and after a freeze reachable again), servers join and finish
+//! joining on cue (they take keys only then), key-routed messages go to their key's root,
+//! and chosen messages are reported failed instead of delivered (as a transport does when
+//! its peer went silent).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -31,6 +33,7 @@ struct NetEngine<'a> {
     local: Coord,
     dims: Dims,
     up: &'a [bool],
+    joining: &'a [bool],
     now: Time,
     out: &'a mut Vec<InFlight>,
     queued: usize,
@@ -57,6 +60,9 @@ impl Engine for NetEngine<'_> {
     fn is_reachable(&self, c: Coord) -> bool {
         self.dims.contains(c) && self.up[self.dims.index(c)]
     }
+    fn takes_keys(&self, c: Coord) -> bool {
+        self.is_reachable(c) && !self.joining[self.dims.index(c)]
+    }
     fn distance(&self, c: Coord) -> Option<u32> {
         let (a, d) = (self.local, self.dims);
         self.is_reachable(c)
@@ -70,8 +76,9 @@ impl Engine for NetEngine<'_> {
         data: &[u8],
         opts: MsgOptions,
     ) -> Result<(), SendError> {
-        let Target::Server(dst) = target else {
-            return Err(SendError::Unreachable);
+        let dst = match target {
+            Target::Server(c) => c,
+            Target::Key(k) => self.key_root(k).ok_or(SendError::Unreachable)?,
         };
         if !self.is_reachable(dst) {
             return Err(SendError::Unreachable);
@@ -105,6 +112,8 @@ pub struct Net<S: Service> {
     pub dims: Dims,
     /// Which servers are up.
     pub up: Vec<bool>,
+    /// Which servers are still joining (reachable, but taking no keys).
+    pub joining: Vec<bool>,
     /// The services, by server index.
     pub svc: Vec<S>,
     /// Now.
@@ -124,6 +133,7 @@ impl<S: Service> Net<S> {
         Net {
             dims,
             up: vec![true; dims.count() as usize],
+            joining: vec![false; dims.count() as usize],
             svc: dims.coords().map(make).collect(),
             now: Time::ZERO,
             flight: VecDeque::new(),
@@ -143,6 +153,7 @@ impl<S: Service> Net<S> {
                 local,
                 dims: self.dims,
                 up: &self.up,
+                joining: &self.joining,
                 now: self.now,
                 out: &mut out,
                 queued,
@@ -190,6 +201,16 @@ impl<S: Service> Net<S> {
         let i = self.dims.index(c);
         self.up[i] = true;
         self.tell_all(&Event::Reachable(c));
+    }
+
+    /// Server `c` begins or finishes joining: it takes keys only when not joining, and every
+    /// server is told the roots moved.
+    pub fn set_joining(&mut self, c: Coord, joining: bool) {
+        let i = self.dims.index(c);
+        if self.joining[i] != joining {
+            self.joining[i] = joining;
+            self.tell_all(&Event::RootsMoved);
+        }
     }
 
     /// Puts a message from `src` to `dst` on the wire, due now (a late or forged one).

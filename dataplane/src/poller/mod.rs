@@ -433,13 +433,17 @@ impl Poller {
                     }
                 }
                 // Every poller's engine sees the view change; the first tells everyone.
-                Event::Unreachable(_) | Event::Reachable(_) if self.shard != 0 => {}
+                Event::Unreachable(_) | Event::Reachable(_) | Event::RootsMoved
+                    if self.shard != 0 => {}
                 // Services live with the first poller: a reset another one saw goes there.
                 Event::PeerReset { .. } if self.shard != 0 => {
                     self.delivery
                         .send_to_first(&self.shared, Command::Broadcast(e));
                 }
-                Event::Unreachable(_) | Event::Reachable(_) | Event::PeerReset { .. } => {
+                Event::Unreachable(_)
+                | Event::Reachable(_)
+                | Event::RootsMoved
+                | Event::PeerReset { .. } => {
                     self.broadcast(e);
                 }
             }

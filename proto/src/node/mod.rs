@@ -258,18 +258,22 @@ impl Node {
         if view.dims() != self.dims {
             return Err(RoutingError::TooLarge(view.dims()));
         }
-        let before: Vec<bool> = self
+        let before: Vec<(bool, bool)> = self
             .dims
             .coords()
-            .map(|c| self.routes.is_reachable(c))
+            .map(|c| (self.routes.is_reachable(c), self.routes.takes_keys(c)))
             .collect();
         self.routes.absorb(&view);
         self.view = view;
         self.install_key_gate();
         self.source.on_view(self.last_now, &self.view);
-        for (i, was) in before.into_iter().enumerate() {
+        let mut roots_moved = false;
+        for (i, (was, took)) in before.into_iter().enumerate() {
             let c = self.dims.coord(i);
             let now = self.routes.is_reachable(c);
+            if was && now && took != self.routes.takes_keys(c) {
+                roots_moved = true;
+            }
             if was && !now {
                 self.events.push_back(Event::Unreachable(c));
                 // The control plane declared it gone: what was not acknowledged is reported
@@ -278,6 +282,9 @@ impl Node {
             } else if !was && now {
                 self.events.push_back(Event::Reachable(c));
             }
+        }
+        if roots_moved {
+            self.events.push_back(Event::RootsMoved);
         }
         // Key messages waiting for a root look again.
         let now = self.last_now;

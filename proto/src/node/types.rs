@@ -114,6 +114,10 @@ pub enum Event {
     Unreachable(Coord),
     /// A server became reachable again.
     Reachable(Coord),
+    /// The servers that take keys changed where reachability did not: a reachable server
+    /// finished joining (or began again), so the roots of some keys moved. Soft state kept
+    /// at keys' roots (directories, primaries) is sent there again.
+    RootsMoved,
     /// Reliable messages of `service` to `peer` were acknowledged, in send order (`count`
     /// since the last report, the last tagged `last_tag`); for services that asked.
     Acked {

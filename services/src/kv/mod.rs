@@ -653,6 +653,7 @@ impl Service for Kv {
                 self.recovery.server_up(*c, &self.store);
                 self.view_changed(now, node, None);
             }
+            Event::RootsMoved => self.view_changed(now, node, None),
             Event::PeerReset { peer, .. } => {
                 // It restarted (or lost our connection): it may have lost what it held, and
                 // what it had not answered.

@@ -913,6 +913,9 @@ impl Service for AppsHost {
                 peer: pack(*c),
                 ..Cqe::default()
             }),
+            // Applications' key messages follow their roots inside the engine; the client
+            // asks for a key's servers when it needs them.
+            Event::RootsMoved => {}
         }
     }
 
