@@ -222,6 +222,7 @@ fn sim_multicast(k: u16, bytes: u64, roots: &[Coord]) -> Result<Vec<Value>, Stri
         let i = cfg.dims.index(*r);
         let req = MulticastRequest {
             group: None,
+            service: 0,
             data: Arc::new(generate(bytes, j as u64 + 1)),
             chunk: 64 * 1024,
             timeout: Duration::from_secs(60),

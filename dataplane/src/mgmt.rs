@@ -370,6 +370,7 @@ fn multicast(req: &Value, d: &Arc<Daemon>) -> Result<Value, String> {
     let (tx, rx) = mpsc::channel();
     let r = MulticastRequest {
         group,
+        service: 0,
         data: Arc::new(data),
         chunk,
         timeout: limit,

@@ -22,6 +22,7 @@ fn start(
         root,
         Box::new(MulticastRequest {
             group,
+            service: 0,
             data: data.clone(),
             chunk: 4096,
             timeout: Duration::from_secs(5),
@@ -126,7 +127,7 @@ fn lost_starts_and_dones_cost_a_second_not_the_transfer() {
         root,
         size: 200_000,
         chunk: 4096,
-        checksum: u64::from_str_radix(v["checksum"].as_str().unwrap(), 16).unwrap(),
+        service: 0,
     };
     let late = super::wire::Msg::Data {
         t,
@@ -176,7 +177,7 @@ fn a_parent_that_never_heard_of_the_transfer_joins_from_a_childs_have() {
         root,
         size: 64 * 4096,
         chunk: 4096,
-        checksum: 5,
+        service: 0,
     };
     let view = torusnet_proto::routing::LinkView::all_up(dims).unwrap();
     let trees = torusnet_proto::trees::Trees::build(&view, root);
@@ -305,4 +306,152 @@ fn a_message_the_transport_refuses_for_good_is_counted() {
     net.run(Time::from_nanos(1_000_000));
     assert!(net.svc[0].ctl.is_empty());
     assert_eq!(net.svc[0].stats.send_failed, 1);
+}
+
+/// What each server's sink was given, and whether (and how) it ended.
+type Got = Arc<std::sync::Mutex<std::collections::HashMap<Coord, (Vec<u8>, Option<bool>)>>>;
+
+/// Sinks that keep what they are given (per server), refuse every third offer (no room:
+/// offered again later), and, on `refuse_at`, refuse to open at all.
+#[derive(Debug)]
+struct Keep {
+    at: Coord,
+    got: Got,
+    refuse: bool,
+}
+
+#[derive(Debug)]
+struct KeepSink {
+    at: Coord,
+    got: Got,
+    offers: u64,
+}
+
+impl super::Sinks for Keep {
+    fn open(&mut self, t: &super::wire::Transfer) -> Result<Box<dyn super::Sink>, String> {
+        if self.refuse {
+            return Err(format!("no application hosts service {} here", t.service));
+        }
+        Ok(Box::new(KeepSink {
+            at: self.at,
+            got: self.got.clone(),
+            offers: 0,
+        }))
+    }
+}
+
+impl super::Sink for KeepSink {
+    fn deliver(&mut self, _t: &super::wire::Transfer, offset: u64, data: &[u8]) -> bool {
+        self.offers += 1;
+        if self.offers.is_multiple_of(3) {
+            return false;
+        }
+        let mut g = self.got.lock().unwrap();
+        let e = g.entry(self.at).or_default();
+        assert_eq!(e.0.len() as u64, offset, "in order, each byte once");
+        e.0.extend_from_slice(data);
+        true
+    }
+    fn end(&mut self, _t: &super::wire::Transfer, complete: bool) {
+        let mut g = self.got.lock().unwrap();
+        let e = g.entry(self.at).or_default();
+        assert!(e.1.is_none(), "ends once");
+        e.1 = Some(complete);
+    }
+}
+
+#[test]
+fn members_deliver_in_order_into_their_sinks_with_memory_bounded_by_the_window() {
+    let dims = Dims::new(3, 3, 3).unwrap();
+    let got = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+    let refuser = Coord::new(2, 1, 0);
+    let window = 16 * 4096;
+    let mut net = Net::new(dims, |c| {
+        let sinks = Keep {
+            at: c,
+            got: got.clone(),
+            refuse: c == refuser,
+        };
+        Multicast::new(window, Some(Box::new(sinks)))
+    });
+    let data = Arc::new(generate(2_000_000, 11));
+    let root = Coord::new(0, 0, 0);
+    let (tx, rx) = channel();
+    net.request(
+        root,
+        Box::new(MulticastRequest {
+            group: None,
+            service: 1025,
+            data: data.clone(),
+            chunk: 4096,
+            timeout: Duration::from_secs(20),
+            reply: tx,
+        }),
+    );
+    net.run(Time::from_nanos(30_000_000_000));
+    let v = rx.try_recv().expect("a result");
+    assert!(v.get("error").is_none(), "{v}");
+    assert_eq!(v["completed"], 25, "{v}");
+    assert_eq!(
+        v["refused"],
+        serde_json::json!([refuser.to_string()]),
+        "{v}"
+    );
+    let per = v["per_member"].as_array().unwrap();
+    let r = per
+        .iter()
+        .find(|p| p["member"] == refuser.to_string())
+        .unwrap();
+    assert_eq!(r["outcome"], "refused");
+    assert!(
+        r["reason"].as_str().unwrap().contains("service 1025"),
+        "{r}"
+    );
+    let got = got.lock().unwrap();
+    for c in dims.coords().filter(|c| *c != root && *c != refuser) {
+        let (bytes, end) = got.get(&c).expect("delivered");
+        assert!(bytes == &*data, "{c}: every byte, in order");
+        assert_eq!(*end, Some(true), "{c}");
+    }
+    assert!(!got.contains_key(&refuser));
+    // What any server held at once stayed within twice the window, on a transfer 30 times
+    // its size.
+    for (i, s) in net.svc.iter().enumerate() {
+        assert!(
+            s.stats.held_max <= 2 * window,
+            "{}: held {} bytes at once",
+            dims.coord(i),
+            s.stats.held_max
+        );
+        assert_eq!(s.stats.held_bytes, 0, "nothing left held");
+    }
+    assert!(net.svc.iter().all(|s| s.xfers.is_empty()));
+}
+
+#[test]
+fn a_member_repairs_from_the_root_what_its_parents_no_longer_hold() {
+    let dims = Dims::new(4, 4, 2).unwrap();
+    let window = 16 * 4096;
+    let mut net = Net::new(dims, |_| Multicast::new(window, None));
+    net.budget = 2;
+    let data = Arc::new(generate(1_500_000, 3));
+    let root = Coord::new(0, 0, 0);
+    let rx = start(&mut net, root, &data, None);
+    net.run(Time::from_nanos(2_000_000));
+    assert!(rx.try_recv().is_err(), "still running when the server dies");
+    // A server in the middle of the trees dies: its subtrees' new parents let go of the
+    // chunks they forwarded long ago.
+    let dead = Coord::new(1, 0, 0);
+    net.kill(dead);
+    net.run(Time::from_nanos(60_000_000_000));
+    let v = rx.try_recv().expect("a result");
+    assert!(v.get("error").is_none(), "{v}");
+    assert_eq!(v["completed"].as_u64(), Some(30), "{v}");
+    assert!(v["checksum_mismatch"].as_array().is_some_and(Vec::is_empty));
+    assert_eq!(v["lost"], serde_json::json!([dead.to_string()]));
+    let repaired = net.svc[dims.index(root)].stats.repaired;
+    assert!(repaired > 0, "the root repaired: {:?}", net.svc[0].stats);
+    for s in &net.svc {
+        assert!(s.stats.held_max <= 2 * window, "{:?}", s.stats);
+    }
 }

@@ -17,8 +17,8 @@ pub struct Transfer {
     pub size: u64,
     /// Bytes per chunk.
     pub chunk: u32,
-    /// `super::checksum` of all the bytes.
-    pub checksum: u64,
+    /// The service members deliver to (0: none; torusd checks the bytes and drops them).
+    pub service: u16,
 }
 
 /// One message.
@@ -51,12 +51,38 @@ pub enum Msg<'a> {
         /// Bit `j`: the tree's `j`-th chunk (chunk `j * trees + tree`) is held.
         bits: &'a [u8],
     },
-    /// A member to the root: it holds everything, and the checksum it computed.
+    /// A member to the root: it delivered everything, and the checksum it computed.
     Done {
         /// The transfer's id.
         id: u64,
-        /// The checksum of what it holds.
+        /// The checksum of what it delivered (`super::fold` over the chunks in order).
         checksum: u64,
+    },
+    /// A member to the root: how many chunks it delivered in order (the root sends at most
+    /// a window beyond the slowest member).
+    Progress {
+        /// The transfer's id.
+        id: u64,
+        /// Chunks delivered, from the first.
+        delivered: u32,
+    },
+    /// A member to the root: the chunks of a window it holds (bit `j`: chunk `from + j`);
+    /// the root sends the others it has sent before (its parents may no longer hold them).
+    Want {
+        /// The transfer.
+        t: Transfer,
+        /// The window's first chunk.
+        from: u32,
+        /// What it holds of it.
+        bits: &'a [u8],
+    },
+    /// A member to the root: it cannot deliver the transfer (no application there hosts
+    /// its service), and why.
+    Refused {
+        /// The transfer's id.
+        id: u64,
+        /// Why, in words (at most [`MAX_REASON`] bytes).
+        reason: &'a str,
     },
     /// From the root: the transfer is over (complete, or given up); forget it.
     End {
@@ -66,7 +92,10 @@ pub enum Msg<'a> {
 }
 
 /// Bytes of a `Data` before its chunk.
-pub const DATA_HEADER: usize = 1 + 8 + 6 + 8 + 4 + 8 + 4;
+pub const DATA_HEADER: usize = 1 + 8 + 6 + 8 + 4 + 2 + 4;
+
+/// Longest reason a `Refused` carries.
+pub const MAX_REASON: usize = 200;
 
 fn put_t(o: &mut Vec<u8>, t: &Transfer) {
     o.extend_from_slice(&t.id.to_le_bytes());
@@ -75,7 +104,7 @@ fn put_t(o: &mut Vec<u8>, t: &Transfer) {
     }
     o.extend_from_slice(&t.size.to_le_bytes());
     o.extend_from_slice(&t.chunk.to_le_bytes());
-    o.extend_from_slice(&t.checksum.to_le_bytes());
+    o.extend_from_slice(&t.service.to_le_bytes());
 }
 
 struct R<'a>(&'a [u8]);
@@ -110,7 +139,7 @@ impl<'a> R<'a> {
             root: Coord::new(self.u16()?, self.u16()?, self.u16()?),
             size: self.u64()?,
             chunk: self.u32()?,
-            checksum: self.u64()?,
+            service: self.u16()?,
         })
     }
 }
@@ -147,6 +176,26 @@ impl Msg<'_> {
                 o.push(5);
                 o.extend_from_slice(&id.to_le_bytes());
             }
+            Msg::Progress { id, delivered } => {
+                o.push(6);
+                o.extend_from_slice(&id.to_le_bytes());
+                o.extend_from_slice(&delivered.to_le_bytes());
+            }
+            Msg::Want { t, from, bits } => {
+                o.push(7);
+                put_t(&mut o, t);
+                o.extend_from_slice(&from.to_le_bytes());
+                o.extend_from_slice(bits);
+            }
+            Msg::Refused { id, reason } => {
+                o.push(8);
+                o.extend_from_slice(&id.to_le_bytes());
+                let mut n = reason.len().min(MAX_REASON);
+                while !reason.is_char_boundary(n) {
+                    n -= 1;
+                }
+                o.extend_from_slice(&reason.as_bytes()[..n]);
+            }
         }
         o
     }
@@ -174,6 +223,25 @@ impl Msg<'_> {
                 checksum: r.u64()?,
             },
             5 => Msg::End { id: r.u64()? },
+            6 => Msg::Progress {
+                id: r.u64()?,
+                delivered: r.u32()?,
+            },
+            7 => Msg::Want {
+                t: r.t()?,
+                from: r.u32()?,
+                bits: r.0,
+            },
+            8 => {
+                let id = r.u64()?;
+                if r.0.len() > MAX_REASON {
+                    return None;
+                }
+                Msg::Refused {
+                    id,
+                    reason: std::str::from_utf8(r.0).ok()?,
+                }
+            }
             _ => return None,
         };
         Some(m)
@@ -204,7 +272,7 @@ mod tests {
             root: Coord::new(1, 2, 3),
             size: 1 << 20,
             chunk: 4096,
-            checksum: 99,
+            service: 1025,
         };
         let seeds: Vec<Vec<u8>> = [
             Msg::Start { t, member: true },
@@ -223,6 +291,19 @@ mod tests {
                 checksum: 99,
             },
             Msg::End { id: 7 },
+            Msg::Progress {
+                id: 7,
+                delivered: 12,
+            },
+            Msg::Want {
+                t,
+                from: 8,
+                bits: &[0x0f, 0],
+            },
+            Msg::Refused {
+                id: 7,
+                reason: "no application hosts service 1025 here",
+            },
         ]
         .iter()
         .map(Msg::encode)
@@ -239,7 +320,7 @@ mod tests {
             root: Coord::new(1, 2, 3),
             size: 1 << 30,
             chunk: 65536,
-            checksum: 99,
+            service: 0,
         };
         let all = [
             Msg::Start { t, member: true },
@@ -258,6 +339,16 @@ mod tests {
                 checksum: 99,
             },
             Msg::End { id: 7 },
+            Msg::Progress {
+                id: 7,
+                delivered: 3,
+            },
+            Msg::Want {
+                t,
+                from: 2,
+                bits: &[1],
+            },
+            Msg::Refused { id: 7, reason: "x" },
         ];
         for m in &all {
             assert_eq!(Msg::decode(&m.encode()).as_ref(), Some(m));
@@ -283,7 +374,16 @@ mod tests {
             for cut in 0..e.len().min(DATA_HEADER) {
                 let short = Msg::decode(&e[..cut]);
                 assert!(
-                    short.is_none() || matches!(short, Some(Msg::Data { .. } | Msg::Have { .. })),
+                    short.is_none()
+                        || matches!(
+                            short,
+                            Some(
+                                Msg::Data { .. }
+                                    | Msg::Have { .. }
+                                    | Msg::Want { .. }
+                                    | Msg::Refused { .. }
+                            )
+                        ),
                     "{cut}"
                 );
             }
