@@ -82,6 +82,12 @@ typedef struct {
 #define TORUS_EV_LONG_DONE      15 /* a long send of ours ended: tag = offer id, reason = TORUS_LONG_* */
 #define TORUS_EV_INTERCEPTED    16 /* a frame of our service passing through, held for torus_verdict:
                                       tag = its id, from, keyed/key, its payload in the buffer */
+#define TORUS_EV_MCAST_DATA     17 /* bytes of a multicast to us, in order: from = root, tag = transfer,
+                                      key = their offset, count = its size, to = our service */
+#define TORUS_EV_MCAST_END      18 /* a multicast to us ended: from = root, tag = transfer, count = size,
+                                      reason 0 every byte delivered, 1 it ended short */
+#define TORUS_EV_MCAST_REPORT   19 /* a multicast of ours ended: tag = its tag, reason 0 all members
+                                      complete, 1 not, count = members complete; JSON report in buffer */
 
 /* How a long send ended. */
 #define TORUS_LONG_PULLED   1
@@ -272,6 +278,15 @@ int torus_pull(torus_client *c, const void *offer, size_t offer_len, const torus
                uint64_t at, int timeout_ms);
 /* Declines an offer: its sender may reuse the bytes. */
 int torus_decline(torus_client *c, const void *offer, size_t offer_len);
+
+/* Multicast: len bytes at offset of our region r to the applications hosting `service` on
+ * the n servers of group (n 0: every other server; the addresses' service is ignored), in
+ * chunks of `chunk` bytes (0: torusd's), within timeout_s seconds (0: 600). Members receive
+ * TORUS_EV_MCAST_DATA in order, then TORUS_EV_MCAST_END; we get TORUS_EV_MCAST_REPORT with
+ * *tag, and keep the bytes unchanged until then. */
+int torus_multicast(torus_client *c, const torus_addr *group, size_t n, const char *service,
+                    const torus_region *r, uint64_t offset, uint64_t len, uint32_t chunk,
+                    uint32_t timeout_s, uint64_t *tag);
 
 /* CLAN's message queue on remote memory: the receiver's ring of `slots` slots of `slot`
  * bytes (4 of them the length), filled by the sender's one-sided writes. Each end attaches a

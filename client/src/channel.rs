@@ -161,6 +161,12 @@ pub mod op {
     /// The application's verdict on frame `tag` it was shown ([`super::cq::INTERCEPTED`]):
     /// `kind` 0 let it go on, 1 let it go on with this entry's bytes as its payload, 2 drop it.
     pub const VERDICT: u8 = 4;
+    /// Multicast bytes of the pool to a group: `tag` names the transfer (its report's tag),
+    /// `service` is the members' service, `aux` the bytes' pool offset, `aux2` their length,
+    /// `buf_id` the chunk size (0: torusd's), `total_len` the deadline in seconds (0:
+    /// torusd's); the entry's data lists the members (packed coordinates, 8 bytes each;
+    /// none: every other server). The bytes must stay unchanged until the report.
+    pub const MULTICAST: u8 = 5;
 }
 
 /// Verdicts ([`op::VERDICT`]'s `kind`).
@@ -222,6 +228,15 @@ pub mod cq {
     /// verdict ([`super::op::VERDICT`]) until a deadline: `tag` names it, `peer` and
     /// `src_service` sent it, `count` its key (with `KEYED`), its payload in the data.
     pub const INTERCEPTED: u8 = 10;
+    /// Bytes of a multicast to this application's service `dst_service`: transfer `tag`
+    /// from root `peer`, at offset `extra` of `extra2` bytes in all, in order, each once.
+    pub const MCAST_DATA: u8 = 11;
+    /// Multicast `tag` from root `peer` ended here (`extra2` bytes in all): `reason` 0 every
+    /// byte was delivered, 1 it ended short (the root gave up on this server).
+    pub const MCAST_END: u8 = 12;
+    /// One of this application's multicasts (its `tag`) ended: the root's report (JSON) in
+    /// the data; `reason` 0 every member has every byte, 1 not.
+    pub const MCAST_REPORT: u8 = 13;
 }
 
 /// Completion flags.

@@ -22,6 +22,8 @@
 //! - Request/response ([`Client::call`], [`Event::Request`], [`Client::respond`]).
 //! - Long sends pulled by their receiver with remote reads ([`Client::send_long`],
 //!   [`Event::LongOffer`], [`Client::pull`]).
+//! - Multicast of pool bytes to a group's applications, delivered in order
+//!   ([`Client::multicast`], [`Event::MulticastData`], [`Event::MulticastReport`]).
 //!
 //! The channel's layout is [`channel`]; [`ffi`] is the C ABI over this API. This file holds
 //! [`Client`] and its attach; the calls live by what they do: `submit.rs` (sending),
@@ -35,6 +37,7 @@ mod control;
 mod error;
 pub mod ffi;
 mod long;
+mod multicast;
 pub mod queue;
 mod receive;
 mod remote;
@@ -44,6 +47,7 @@ mod submit;
 mod types;
 
 pub use long::{LongEnd, LongOffer, LongOptions, OFFER_LEN};
+pub use multicast::{MulticastOptions, MulticastReport};
 pub use remote::{LocalRegion, RemoteOptions};
 pub mod sys;
 

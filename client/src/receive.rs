@@ -203,6 +203,23 @@ impl Client {
                 key: (e.flags & cflag::KEYED != 0).then_some(e.count),
                 data,
             }),
+            cq::MCAST_DATA => Parsed::Event(Event::MulticastData {
+                id: e.tag,
+                root: peer,
+                to: e.dst_service,
+                offset: e.extra,
+                size: e.extra2,
+                data,
+            }),
+            cq::MCAST_END => Parsed::Event(Event::MulticastEnd {
+                id: e.tag,
+                root: peer,
+                complete: e.reason == 0,
+                size: e.extra2,
+            }),
+            cq::MCAST_REPORT => {
+                Parsed::Event(Event::MulticastReport(MulticastReport::parse(e.tag, &data)))
+            }
             rmem::cq::RM_DONE => Parsed::Event(Event::RemoteDone {
                 op: e.tag,
                 status: rmem::Status::from_code(e.reason),

@@ -267,6 +267,34 @@ pub enum Event {
         /// Its payload.
         data: Vec<u8>,
     },
+    /// Bytes of a multicast to this application's service, in order, each once.
+    MulticastData {
+        /// The transfer (the same in its [`Event::MulticastEnd`]).
+        id: u64,
+        /// Its root (sender's server).
+        root: Coord,
+        /// Which of this application's services it is for.
+        to: u16,
+        /// Where these bytes start in the transfer.
+        offset: u64,
+        /// The transfer's size.
+        size: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+    /// A multicast to this application ended here.
+    MulticastEnd {
+        /// The transfer.
+        id: u64,
+        /// Its root.
+        root: Coord,
+        /// Every byte was delivered (else the root gave up on this server).
+        complete: bool,
+        /// The transfer's size.
+        size: u64,
+    },
+    /// One of this application's multicasts ended: its bytes may be changed again.
+    MulticastReport(crate::MulticastReport),
     /// One of this application's long sends ended: its buffer may be reused.
     LongDone {
         /// The receiver's server (none when it expired without an answer).

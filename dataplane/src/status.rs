@@ -408,4 +408,6 @@ pub struct AppStatus {
     pub on_path_expired: u64,
     /// Held frames that no link took when they were put back.
     pub on_path_lost: u64,
+    /// Multicast bytes delivered into its channel.
+    pub multicast_bytes: u64,
 }

@@ -28,7 +28,7 @@ __all__ = [
     "MESSAGE", "REQUEST", "ACKED", "FAILED", "PEER_RESET", "UNREACHABLE", "REACHABLE",
     "BUFFER_FILLED", "BUFFER_MISSED", "OVERFLOW", "REMOTE_DONE", "TRIPWIRE", "WRITTEN",
     "LONG_OFFER", "LONG_DONE", "LONG_PULLED", "LONG_DECLINED", "LONG_FAILED", "LONG_EXPIRED",
-    "INTERCEPTED", "PASS", "CHANGE", "DROP",
+    "INTERCEPTED", "PASS", "CHANGE", "DROP", "MCAST_DATA", "MCAST_END", "MCAST_REPORT",
     "READ", "WRITE",
     "RM_OK", "RM_BAD_COOKIE", "RM_REVOKED", "RM_EXPIRED", "RM_OUT_OF_RANGE", "RM_NO_RIGHT",
     "RM_NO_REGION", "RM_PEER_FAILED", "RM_TIMEOUT", "RM_INVALID",
@@ -36,13 +36,18 @@ __all__ = [
 
 MESSAGE, REQUEST, ACKED, FAILED, PEER_RESET, UNREACHABLE, REACHABLE, BUFFER_FILLED, \
     BUFFER_MISSED, OVERFLOW, REMOTE_DONE, TRIPWIRE, WRITTEN, LONG_OFFER, LONG_DONE, \
-    INTERCEPTED = range(1, 17)
+    INTERCEPTED, MCAST_DATA, MCAST_END, MCAST_REPORT = range(1, 20)
 """Event kinds. REMOTE_DONE: a remote-memory operation ended (tag = its handle, reason = its
 RM_* status, count = bytes moved); TRIPWIRE: a remote write touched tripwire `tag` (key =
 region id, count = offset, length); WRITTEN: a notifying remote write landed whole (key =
 region id, count = offset, length); LONG_OFFER: a long message offered (frm, tag = offer
 id, count = its length, data = the offer's bytes for pull or decline); LONG_DONE: a long
-send of this application's ended (tag = offer id, reason = LONG_*)."""
+send of this application's ended (tag = offer id, reason = LONG_*); MCAST_DATA: bytes of a
+multicast to this application, in order (frm = its root, tag = the transfer, key = their
+offset, count = its size, data); MCAST_END: a multicast to it ended here (tag, count = size,
+reason 0 every byte delivered, 1 it ended short); MCAST_REPORT: a multicast of this
+application's ended (tag = its tag, reason 0 every member has every byte, 1 not, count =
+members complete, data = the root's JSON report, per member)."""
 
 LONG_PULLED, LONG_DECLINED, LONG_FAILED, LONG_EXPIRED = range(1, 5)
 """How a long send ended."""
@@ -218,6 +223,8 @@ _lib.torus_send_long.argtypes = [_P, ctypes.POINTER(_Dest), _PR, _U64, _U64, cty
                                  _PU64]
 _lib.torus_pull.argtypes = [_P, ctypes.c_char_p, ctypes.c_size_t, _PR, _U64, ctypes.c_int]
 _lib.torus_decline.argtypes = [_P, ctypes.c_char_p, ctypes.c_size_t]
+_lib.torus_multicast.argtypes = [_P, ctypes.POINTER(_Addr), ctypes.c_size_t, ctypes.c_char_p,
+                                 _PR, _U64, _U64, ctypes.c_uint32, ctypes.c_uint32, _PU64]
 _lib.torus_queue_receiver.argtypes = [ctypes.c_char_p, ctypes.c_char_p, _U64, _U64, _PC]
 _lib.torus_queue_receiver.restype = _P
 _lib.torus_queue_connect.argtypes = [_P, _PC]
@@ -353,9 +360,11 @@ class Client:
             if r == 0:
                 return None
             data = self._buf.raw[:ev.len] \
-                if ev.kind in (MESSAGE, REQUEST, LONG_OFFER, INTERCEPTED) else b""
-            # A tripwire's or a notifying write's region id is in `key` too.
-            key = ev.key if ev.keyed or ev.kind in (TRIPWIRE, WRITTEN) else None
+                if ev.kind in (MESSAGE, REQUEST, LONG_OFFER, INTERCEPTED, MCAST_DATA,
+                               MCAST_REPORT) else b""
+            # A tripwire's or a notifying write's region id is in `key` too, as is the
+            # offset of a multicast's bytes.
+            key = ev.key if ev.keyed or ev.kind in (TRIPWIRE, WRITTEN, MCAST_DATA) else None
             return Event(ev.kind, _addr(ev.frm), ev.tag, ev.count, key, bool(ev.reliable),
                          ev.reason, data, ev.len, ev.to)
 
@@ -536,6 +545,21 @@ class Client:
         r, out = _region(region), ctypes.create_string_buffer(max(length, 1))
         _check(_lib.torus_region_read(self._c, ctypes.byref(r), offset, out, length))
         return out.raw[:length]
+
+    # Multicast.
+
+    def multicast(self, group: List[tuple], service: str, region: Region, offset: int,
+                  length: int, chunk: int = 0, timeout: int = 600) -> int:
+        """Multicasts `length` bytes at `offset` of this application's region to the
+        applications hosting service `service` on the servers of `group` ((x, y, z) tuples;
+        empty: every other server), in chunks of `chunk` bytes (0: torusd's), within
+        `timeout` seconds. Returns its tag; MCAST_REPORT with that tag ends it, and the bytes
+        must stay as they are until then."""
+        g = (_Addr * max(len(group), 1))(*[_Addr(c[0], c[1], c[2], 0) for c in group])
+        r, out = _region(region), ctypes.c_uint64()
+        _check(_lib.torus_multicast(self._c, g, len(group), service.encode(), ctypes.byref(r),
+                                    offset, length, chunk, timeout, ctypes.byref(out)))
+        return out.value
 
     # Long send (libRIPC).
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::{Address, Client, Dest, Error, Event, FailReason, ReturnBuffer, SendOptions, Wait};
 
 mod long;
+mod multicast;
 mod queue;
 mod rmem;
 pub use long::*;
@@ -135,6 +136,17 @@ pub const TORUS_EV_LONG_DONE: c_int = 15;
 /// A frame of this application's service on its way through this server, held for
 /// `torus_verdict`: tag = its id, from, key (keyed), its payload in the buffer.
 pub const TORUS_EV_INTERCEPTED: c_int = 16;
+/// Bytes of a multicast to this application: from = its root, tag = the transfer, key = the
+/// bytes' offset in it, count = its size, to = the service; the bytes in the buffer, in
+/// order, each once.
+pub const TORUS_EV_MCAST_DATA: c_int = 17;
+/// A multicast to this application ended here: from = root, tag = the transfer, count =
+/// its size, reason 0 every byte delivered, 1 it ended short.
+pub const TORUS_EV_MCAST_END: c_int = 18;
+/// One of this application's multicasts ended: tag = its tag (`torus_multicast`'s), reason
+/// 0 every member has every byte, 1 not, count = members complete; the root's report
+/// (JSON, per member) in the buffer.
+pub const TORUS_EV_MCAST_REPORT: c_int = 19;
 
 /// Verdicts: the frame goes on as it was.
 pub const TORUS_PASS: c_int = 0;
@@ -511,6 +523,9 @@ fn fill(ev: &mut torus_event, e: &Event) -> Option<Vec<u8>> {
             rmem::fill(ev, e);
         }
         Event::LongOffer(_) | Event::LongDone { .. } => return long::fill(ev, e),
+        Event::MulticastData { .. } | Event::MulticastEnd { .. } | Event::MulticastReport(_) => {
+            return multicast::fill(ev, e)
+        }
         Event::Intercepted {
             id,
             from,

@@ -20,4 +20,5 @@
 
 pub mod host;
 pub mod listener;
+pub mod multicast;
 pub mod rmem_ops;

@@ -212,7 +212,15 @@ fn services(
         journal("keys", &cfg.keys_journal)?,
     );
     services.push(Box::new(crate::rmem::RmemService::new(rm.clone())));
-    services.push(Box::new(torusnet_services::multicast::Multicast::default()));
+    // Members deliver multicasts to the applications attached here (when they may attach).
+    let sinks: Option<Box<dyn torusnet_services::multicast::Sinks>> = cfg
+        .apps
+        .is_some()
+        .then(|| Box::new(crate::apps::multicast::AppSinks::new(shared.clone())) as _);
+    services.push(Box::new(torusnet_services::multicast::Multicast::new(
+        torusnet_services::multicast::DEFAULT_WINDOW,
+        sinks,
+    )));
     services.push(Box::new(torusnet_services::aggregate::Aggregate::default()));
     if cfg.apps.is_some() {
         services.push(Box::new(crate::apps::host::AppsHost::new(shared.clone())));

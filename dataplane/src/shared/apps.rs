@@ -45,6 +45,8 @@ pub struct AppCounters {
     pub on_path_expired: AtomicU64,
     /// Frames that could not be put back on their way (no link took them).
     pub on_path_lost: AtomicU64,
+    /// Multicast bytes delivered into its channel.
+    pub multicast_bytes: AtomicU64,
 }
 
 /// One attached application, as both the listener and the host see it.
@@ -114,6 +116,8 @@ pub struct AppsRegistry {
     pub(crate) apps: Mutex<Vec<Arc<AppInfo>>>,
     /// Set when an application added a name: the host indexes its services again.
     pub(crate) renamed: AtomicBool,
+    /// Multicast bytes members' sinks delivered for applications, not yet in their channels.
+    pub(crate) multicast: Arc<crate::apps::multicast::McastInbox>,
 }
 
 impl std::fmt::Debug for AppsRegistry {
@@ -131,6 +135,7 @@ impl Default for AppsRegistry {
             intercepted: ArrayQueue::new(4096),
             apps: Mutex::new(Vec::new()),
             renamed: AtomicBool::new(false),
+            multicast: Arc::default(),
         }
     }
 }
@@ -163,6 +168,7 @@ impl AppsRegistry {
                 on_path_seen: g(&a.counters.on_path_seen),
                 on_path_dropped: g(&a.counters.on_path_dropped),
                 on_path_expired: g(&a.counters.on_path_expired),
+                multicast_bytes: g(&a.counters.multicast_bytes),
                 on_path_lost: g(&a.counters.on_path_lost),
             })
             .collect()

@@ -104,13 +104,34 @@ pub fn checksum(data: &[u8], chunk: u32) -> u64 {
 /// The bytes a root multicasts. It reads each chunk when it first sends it and again when a
 /// member asks for it, so they must stay unchanged until the transfer ends.
 pub trait Source: Send + Sync + std::fmt::Debug {
-    /// All of them.
-    fn bytes(&self) -> &[u8];
+    /// How many.
+    fn len(&self) -> u64;
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies `out.len()` of them from `offset` (false: out of bounds).
+    fn read(&self, offset: u64, out: &mut [u8]) -> bool;
 }
 
 impl Source for Vec<u8> {
-    fn bytes(&self) -> &[u8] {
-        self
+    fn len(&self) -> u64 {
+        self.as_slice().len() as u64
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> bool {
+        let Ok(start) = usize::try_from(offset) else {
+            return false;
+        };
+        match start
+            .checked_add(out.len())
+            .and_then(|end| self.get(start..end))
+        {
+            Some(b) => {
+                out.copy_from_slice(b);
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -258,17 +279,35 @@ impl Xfer {
     fn is_member(&self) -> bool {
         matches!(self.role, Role::Member(_))
     }
-    /// Chunk `i`'s bytes, if this server can send it: the root always (once released),
-    /// another server while it holds it.
-    fn chunk(&self, i: u32) -> Option<&[u8]> {
+    /// Whether this server can send chunk `i`: the root once released, another server while
+    /// it holds it.
+    fn can_send(&self, i: u32) -> bool {
         match &self.role {
-            Role::Root(r) => (i < self.delivered).then(|| &r.source.bytes()[self.chunk_range(i)]),
-            _ => self.held.get(&i).map(|h| h.data.as_slice()),
+            Role::Root(_) => i < self.delivered,
+            _ => self.held.contains_key(&i),
+        }
+    }
+    /// The `Data` message carrying chunk `i` (`None`: not held, or the source failed).
+    fn data_msg(&self, i: u32) -> Option<Vec<u8>> {
+        let r = self.chunk_range(i);
+        match &self.role {
+            Role::Root(root) if i < self.delivered => Msg::data_with(&self.t, i, r.len(), |out| {
+                root.source.read(r.start as u64, out)
+            }),
+            Role::Root(_) => None,
+            _ => self.held.get(&i).map(|h| {
+                Msg::Data {
+                    t: self.t,
+                    index: i,
+                    data: &h.data,
+                }
+                .encode()
+            }),
         }
     }
     /// Queues chunk `i` for `to` (counted against the chunk, which is kept until sent).
     fn queue(&mut self, to: Coord, i: u32) -> bool {
-        if self.chunk(i).is_none() {
+        if !self.can_send(i) {
             return false;
         }
         if let Some(h) = self.held.get_mut(&i) {
@@ -428,7 +467,7 @@ impl Multicast {
 
     fn start(&mut self, now: Time, req: MulticastRequest, node: &mut dyn Engine) {
         let me = node.local();
-        let size = req.data.bytes().len() as u64;
+        let size = req.data.len();
         let chunk = req.chunk.clamp(1024, 1 << 20);
         if size == 0 || size > MAX_SIZE {
             let _ = req
@@ -468,6 +507,7 @@ impl Multicast {
             outcome: HashMap::new(),
             progress: HashMap::new(),
             lost: HashSet::new(),
+            broken: None,
             sum: FOLD_START,
             polled: now,
             started: now,
@@ -506,11 +546,19 @@ impl Multicast {
         let chunks = x.chunks();
         let Some(r) = x.root() else { return };
         let until = (u64::from(r.floor(chunks, node)) + window).min(u64::from(chunks)) as u32;
+        let mut scratch = Vec::new();
         while x.delivered < until {
             let i = x.delivered;
             let range = x.chunk_range(i);
+            scratch.resize(range.len(), 0);
             if let Some(r) = x.root_mut() {
-                r.sum = fold(r.sum, &r.source.bytes()[range]);
+                if !r.source.read(range.start as u64, &mut scratch) {
+                    // The transfer ends at the next poll, with this error.
+                    r.broken = Some(format!("the source could not be read at {}", range.start));
+                    r.deadline = Time::ZERO;
+                    return;
+                }
+                r.sum = fold(r.sum, &scratch);
             }
             x.delivered = i + 1;
             let tree = x.tree_of(i);
@@ -990,17 +1038,12 @@ impl Multicast {
                 x.sent(i, &mut self.stats.held_bytes);
                 continue;
             }
-            let Some(bytes) = x.chunk(i) else {
+            let Some(m) = x.data_msg(i) else {
                 self.stats.send_failed += 1;
+                x.sent(i, &mut self.stats.held_bytes);
                 continue;
             };
-            let len = bytes.len() as u64;
-            let m = Msg::Data {
-                t: x.t,
-                index: i,
-                data: bytes,
-            }
-            .encode();
+            let len = (m.len() - wire::DATA_HEADER) as u64;
             let tag = (id & 0xffff_ffff) << 32 | u64::from(i);
             match node.send(now, Target::Server(c), MCAST, &m, opts(tag)) {
                 Ok(()) => {

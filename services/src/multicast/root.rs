@@ -30,6 +30,8 @@ pub(super) struct RootState {
     pub(super) progress: HashMap<Coord, u32>,
     /// Members that had not reported and were unreachable when last looked at.
     pub(super) lost: HashSet<Coord>,
+    /// Why the transfer cannot go on (its source failed), if it cannot.
+    pub(super) broken: Option<String>,
     /// The checksum of the released chunks (in order: the whole transfer's once all are).
     pub(super) sum: u64,
     /// When the members that have not reported were last sent `Start` again.
@@ -129,7 +131,9 @@ impl RootState {
             "median_member_gbps": gbps.get(gbps.len() / 2).copied().unwrap_or(0.0),
             "per_member": per,
         });
-        if !incomplete.is_empty() {
+        if let Some(e) = &self.broken {
+            v["error"] = json!(e);
+        } else if !incomplete.is_empty() {
             v["error"] = json!(format!(
                 "{} member(s) incomplete at the deadline: {}",
                 incomplete.len(),

@@ -200,6 +200,22 @@ impl Msg<'_> {
         o
     }
 
+    /// A `Data` message of `len` bytes whose chunk `fill` writes in place (`None`: `fill`
+    /// could not).
+    pub fn data_with(
+        t: &Transfer,
+        index: u32,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> Option<Vec<u8>> {
+        let mut o = Vec::with_capacity(DATA_HEADER + len);
+        o.push(2);
+        put_t(&mut o, t);
+        o.extend_from_slice(&index.to_le_bytes());
+        o.resize(DATA_HEADER + len, 0);
+        fill(&mut o[DATA_HEADER..]).then_some(o)
+    }
+
     /// Decoded (`None`: malformed).
     pub fn decode(b: &[u8]) -> Option<Msg<'_>> {
         let mut r = R(b);

@@ -71,7 +71,7 @@ struct AppMessage {
 pub(super) struct App {
     pub(super) info: Arc<AppInfo>,
     /// Its service ids as last indexed (the attach name's first, then added names').
-    ids: Vec<u16>,
+    pub(super) ids: Vec<u16>,
     pub(super) region: Region,
     /// The channel's mapping (shared with the regions registered in its pool).
     pub(super) map: Arc<Mapping>,
@@ -88,7 +88,7 @@ pub(super) struct App {
     /// Notices it owes senders, waiting for room in the transport.
     owed: OwedNotices,
     /// Events waiting for room in the channel (message segments one by one).
-    backlog: VecDeque<(Cqe, Vec<u8>)>,
+    pub(super) backlog: VecDeque<(Cqe, Vec<u8>)>,
     backlog_bytes: usize,
     /// Messages dropped and not yet reported to the application.
     dropped_unreported: u64,
@@ -107,7 +107,7 @@ pub(super) struct App {
 impl App {
     /// Writes one event (its bytes into the RX data ring) into the channel; false, and
     /// nothing written, when the channel has no room for it now.
-    fn write_event(&mut self, mut e: Cqe, data: &[u8]) -> bool {
+    pub(super) fn write_event(&mut self, mut e: Cqe, data: &[u8]) -> bool {
         let r = self.region;
         let cq_head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
         if self.cq_tail.wrapping_sub(cq_head) >= r.geometry().cq_entries {
@@ -150,10 +150,12 @@ pub struct AppsHost {
     /// Message buffers to reuse: a message the engine takes at once gives its buffer back,
     /// so the steady path allocates nothing per message.
     spare: Vec<Vec<u8>>,
+    /// Applications' multicasts waiting for their reports.
+    pub(super) running: Vec<super::multicast::Running>,
 }
 
 /// Adds to a counter only the host writes (a plain store: no locked instruction).
-fn bump(c: &std::sync::atomic::AtomicU64, n: u64) {
+pub(super) fn bump(c: &std::sync::atomic::AtomicU64, n: u64) {
     c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
 }
 
@@ -166,11 +168,12 @@ impl AppsHost {
             by_service: HashMap::new(),
             buf: Vec::new(),
             spare: Vec::new(),
+            running: Vec::new(),
         }
     }
 
     /// The application that owns service id `id`, if one does.
-    fn owner_of(&self, id: u16) -> Option<usize> {
+    pub(super) fn owner_of(&self, id: u16) -> Option<usize> {
         self.by_service.get(&id).copied()
     }
 
@@ -430,6 +433,7 @@ impl AppsHost {
                         .max(e.data_pos.saturating_add(u64::from(e.data_len)));
                     self.verdict(i, now, node, &e, &data);
                 }
+                op::MULTICAST => self.mcast_submission(i, &e),
                 o if super::rmem_ops::is_rmem_op(o) => self.rm_submission(i, &e),
                 _ => {
                     self.count_bad(i);
@@ -592,7 +596,7 @@ impl AppsHost {
 
     /// Counts a malformed submission or message of application `i` (refused, and shown in
     /// its counters).
-    fn count_bad(&self, i: usize) {
+    pub(super) fn count_bad(&self, i: usize) {
         self.apps[i]
             .info
             .counters
@@ -935,6 +939,7 @@ impl Service for AppsHost {
             n += self.submissions(i, now, node);
         }
         n += self.rm_events();
+        n += self.mcast_events();
         for i in 0..self.apps.len() {
             n += self.flush(i);
             let a = &mut self.apps[i];
@@ -969,10 +974,15 @@ impl Service for AppsHost {
             r.u32(off::TORUSD_WAITING).store(1, Ordering::SeqCst);
         }
         fence(Ordering::SeqCst);
-        for a in &self.apps {
+        for (i, a) in self.apps.iter().enumerate() {
             let r = a.region;
             let tail = r.u32(off::SQ_TAIL).load(Ordering::SeqCst);
             idle &= tail == a.sq_head && a.blocked.is_none() && a.owed.is_empty();
+            // Multicast bytes wait and the channel has room for them.
+            if self.mcast_waiting(i) {
+                let head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
+                idle &= a.cq_tail.wrapping_sub(head) >= r.geometry().cq_entries;
+            }
             // Waiting events and room for them: flush before sleeping.
             if !a.backlog.is_empty() {
                 let head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
