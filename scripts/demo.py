@@ -5,9 +5,11 @@ tears it down): convergence, coordinates, RTT over hops, key routing checked aga
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -307,6 +309,56 @@ def remote_memory():
               f"{v['long_end']} (it did no work while they moved)")
 
 
+def app_multicast():
+    """The same from an application to applications: a 50 MB file from 0,0,0, written to
+    files on the 26 others (client/examples/multicast.rs), compared byte for byte."""
+    exe = os.path.join(ROOT, "target/release/examples/multicast")
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(ROOT, "target/release"))
+    work = tempfile.mkdtemp(prefix="torusnet-demo-mcast-", dir=os.path.join(ROOT, "target"))
+    procs = []
+    try:
+        src = os.path.join(work, "source")
+        data = os.urandom(50_000_000)
+        with open(src, "wb") as f:
+            f.write(data)
+        members = [c for c in ALL if c != (0, 0, 0)]
+        for c in members:
+            out = os.path.join(work, s(c).replace(",", "-"))
+            os.mkdir(out)
+            procs.append((c, out, subprocess.Popen(
+                ["ip", "netns", "exec", f"{PREFIX}-{c[0]}-{c[1]}-{c[2]}", exe, "receive",
+                 f"{STATE}/{c[0]}-{c[1]}-{c[2]}-apps.sock", "demo-files", out, "1"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)))
+        deadline = time.time() + 30
+        while not all(any(a["name"] == "demo-files" for a in ask(c, {"cmd": "status"})["apps"])
+                      for c in members):
+            if time.time() > deadline:
+                print("   application multicast: the receivers did not attach")
+                return
+            time.sleep(0.1)
+        r = subprocess.run(["ip", "netns", "exec", f"{PREFIX}-0-0-0", exe, "send",
+                            f"{STATE}/0-0-0-apps.sock", "demo-files", src],
+                           capture_output=True, text=True, env=env, timeout=300)
+        rep = json.loads(r.stdout.strip().splitlines()[-1])
+        exact, rss = 0, 0
+        for c, out, p in procs:
+            line = json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1])
+            rss = max(rss, line["peak_rss_kb"])
+            with open(os.path.join(out, line["id"]), "rb") as f:
+                exact += f.read() == data
+        print(f"   from an application: {rep['completed']} of 26 member applications have the 50 MB file "
+              f"({exact} written byte-exact) after {rep['report']['elapsed_s']:.1f} s; "
+              f"receivers' peak memory {rss / 1024:.0f} MB (docs/applications.md)")
+    except (OSError, ValueError, KeyError, IndexError, subprocess.SubprocessError) as e:
+        print(f"   application multicast: {e}")
+    finally:
+        for _, _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def on_path():
     """An application on the path: frames of its service crossing its server, held for its
     verdict (pass, change, drop, answer)."""
@@ -386,6 +438,7 @@ def trees():
         print(f"   {v['completed']} of {v['members']} members hold all 50 MB (checksums match: "
               f"{not v['checksum_mismatch']}) after {v['elapsed_s']:.1f} s, over {v['trees']} trees of depth "
               f"{v['tree_depth']} sharing no link; min {v['min_member_gbps']:.2f} Gb/s per member")
+    app_multicast()
     try:
         a = ask((1, 1, 1), {"cmd": "aggregate", "words": 300_000, "vocabulary": 20_000, "seed": 3})
     except (OSError, RuntimeError, ValueError) as e:

@@ -34,6 +34,10 @@ pub struct Args {
     /// Servers per axis in the simulator.
     #[arg(long, default_value_t = 8)]
     sim_k: u16,
+    /// Alternating rounds of a multicast from torusctl and the same bytes from an
+    /// application to applications (medians compared).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Bytes multicast in the simulator.
     #[arg(long, default_value_t = 16_000_000)]
     sim_bytes: u64,
@@ -102,6 +106,90 @@ fn unicast_in_turn(ask: &Ask<'_>, bytes: u64) -> Result<(f64, f64, f64), String>
     Ok((unicast_s, unicast_per_member, unicast_mean_member))
 }
 
+/// One multicast of the file at `src` from an application on 0,0,0 to an application on
+/// each of the 26 others (`target/release/examples/multicast`, which a release build of the
+/// examples makes): the root's report.
+fn app_multicast(prefix: &str, ask: &Ask<'_>, src: &std::path::Path) -> Result<Value, String> {
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_dir()
+        .map_err(e)?
+        .join("target/release/examples/multicast");
+    if !exe.exists() {
+        return Err(format!(
+            "{} is missing: cargo build --release --examples",
+            exe.display()
+        ));
+    }
+    let apps = |c: &str| format!("/run/torusnet/{prefix}/{}-apps.sock", c.replace(',', "-"));
+    let ns = |c: &str| format!("{prefix}-{}", c.replace(',', "-"));
+    struct Kill(Vec<std::process::Child>);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let members: Vec<String> = Dims::new(3, 3, 3)
+        .map_err(e)?
+        .coords()
+        .filter(|c| *c != Coord::new(0, 0, 0))
+        .map(|c| c.to_string())
+        .collect();
+    let mut kids = Kill(Vec::new());
+    for m in &members {
+        let c = Command::new("ip")
+            .args(["netns", "exec", &ns(m)])
+            .arg(&exe)
+            .args(["receive", &apps(m), "mc-bench", "-", "1"])
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(e)?;
+        kids.0.push(c);
+    }
+    let t0 = Instant::now();
+    for m in &members {
+        while !ask(m, json!({"cmd": "status"}), 5)?["apps"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x["name"] == json!("mc-bench")))
+        {
+            if t0.elapsed() > Duration::from_secs(30) {
+                return Err(format!("{m}: the receiver never attached"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns("0,0,0")])
+        .arg(&exe)
+        .args(["send", &apps("0,0,0"), "mc-bench"])
+        .arg(src)
+        .output()
+        .map_err(e)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(text.lines().last().unwrap_or_default())
+        .map_err(|x| format!("the sender: {x}: {text}"))?;
+    for c in &mut kids.0 {
+        let _ = c.wait();
+    }
+    kids.0.clear();
+    if v["ok"] != json!(true) {
+        return Err(format!("the application multicast: {v}"));
+    }
+    Ok(v["report"].clone())
+}
+
+fn median_spread(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let m = v.get(v.len() / 2).copied().unwrap_or(0.0);
+    (
+        m,
+        v.first().copied().unwrap_or(0.0),
+        v.last().copied().unwrap_or(0.0),
+    )
+}
+
 /// The namespace experiments.
 fn namespaces(a: &Args) -> Result<Value, String> {
     let prefix = format!("bt{}", std::process::id() % 10000);
@@ -142,20 +230,16 @@ fn namespaces(a: &Args) -> Result<Value, String> {
     };
     wait_converged(&ask)?;
     std::thread::sleep(Duration::from_secs(1));
-    let mc = ask(
+    // A first multicast warms the torus up (its first transfer after convergence ran at
+    // less than half the rate of the next ones): not counted.
+    let warm = ask(
         "0,0,0",
         json!({"cmd": "multicast", "generate": a.bytes, "seed": 3}),
         600,
     )?;
-    if let Some(err) = mc.get("error") {
+    if let Some(err) = warm.get("error") {
         return Err(format!("multicast: {err}"));
     }
-    eprintln!(
-        "multicast {} MB to 26: min {:.3} Gb/s per member, median {:.3}",
-        a.bytes / 1_000_000,
-        mc["min_member_gbps"].as_f64().unwrap_or(0.0),
-        mc["median_member_gbps"].as_f64().unwrap_or(0.0)
-    );
     let (unicast_s, unicast_per_member, unicast_mean_member) = unicast_in_turn(&ask, a.bytes)?;
     eprintln!("unicast to each in turn: {unicast_s:.2} s, {unicast_per_member:.3} Gb/s for the last member");
     // One link's raw rate: a transfer to a neighbour.
@@ -176,13 +260,61 @@ fn namespaces(a: &Args) -> Result<Value, String> {
         agg["agg_link_bytes"].as_f64().unwrap_or(0.0) / 1e3,
         agg["raw_link_bytes"].as_f64().unwrap_or(0.0) / 1e3
     );
-    let min = mc["min_member_gbps"].as_f64().unwrap_or(0.0);
+    // The same bytes from torusctl (torusd's own buffer, checksums at the members) and from
+    // an application (its pool, to applications that take every byte), alternating.
+    let src = std::env::current_dir()
+        .map_err(e)?
+        .join(format!("target/bench-mcast-{}", std::process::id()));
+    struct Rm(std::path::PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _rm = Rm(src.clone());
+    std::fs::write(&src, torusnet_services::multicast::generate(a.bytes, 3)).map_err(e)?;
+    let (mut from_ctl, mut from_app, mut ctl_min_gbps) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..a.rounds.max(1) {
+        let c = ask(
+            "0,0,0",
+            json!({"cmd": "multicast", "generate": a.bytes, "seed": 3}),
+            600,
+        )?;
+        if let Some(err) = c.get("error") {
+            return Err(format!("multicast: {err}"));
+        }
+        let p = app_multicast(&prefix, &ask, &src)?;
+        let (cs, ps) = (
+            c["elapsed_s"].as_f64().unwrap_or(0.0),
+            p["elapsed_s"].as_f64().unwrap_or(0.0),
+        );
+        eprintln!("round {round}: torusctl {cs:.2} s, application {ps:.2} s");
+        from_ctl.push(cs);
+        ctl_min_gbps.push(c["min_member_gbps"].as_f64().unwrap_or(0.0));
+        from_app.push(ps);
+    }
+    let (ctl_s, ctl_lo, ctl_hi) = median_spread(&mut from_ctl);
+    let (app_s, app_lo, app_hi) = median_spread(&mut from_app);
+    eprintln!(
+        "multicast of {} MB to 26, median of {}: torusctl {ctl_s:.2} s ({ctl_lo:.2}-{ctl_hi:.2}), application to applications {app_s:.2} s ({app_lo:.2}-{app_hi:.2}): {:.2}x the time",
+        a.bytes / 1_000_000,
+        a.rounds.max(1),
+        app_s / ctl_s.max(1e-9)
+    );
+    let (min, _, _) = median_spread(&mut ctl_min_gbps);
+    eprintln!(
+        "multicast {} MB to 26 from torusctl: min {min:.3} Gb/s per member (median of {})",
+        a.bytes / 1_000_000,
+        a.rounds.max(1)
+    );
     Ok(json!({
+        "from_torusctl_s": {"median": ctl_s, "min": ctl_lo, "max": ctl_hi},
+        "from_application_s": {"median": app_s, "min": app_lo, "max": app_hi},
+        "application_over_torusctl_time": app_s / ctl_s.max(1e-9),
         "torus": "3x3x3 namespaces, MTU 9000",
         "bytes": a.bytes,
         "multicast_min_member_gbps": min,
-        "multicast_median_member_gbps": mc["median_member_gbps"],
-        "multicast_elapsed_s": mc["elapsed_s"],
+        "multicast_elapsed_s": ctl_s,
         "unicast_in_turn_s": unicast_s,
         "unicast_in_turn_last_member_gbps": unicast_per_member,
         "unicast_in_turn_mean_member_gbps": unicast_mean_member,

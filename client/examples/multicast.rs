@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! multicast send SOCKET SERVICE FILE [x,y,z ...]   # members: the servers listed (none: all)
-//! multicast receive SOCKET SERVICE OUTDIR [COUNT]  # writes OUTDIR/<id>, exits after COUNT
+//! multicast receive SOCKET SERVICE OUTDIR [COUNT]  # writes OUTDIR/<id> ("-": nowhere),
+//!                                                  # exits after COUNT transfers
 //! ```
 //!
 //! The sender copies the file into its pool (torusd reads it from there for as long as the
@@ -94,7 +95,7 @@ fn send(socket: &str, service: &str, path: &str, group: &[(u16, u16, u16)]) -> R
 
 fn receive(socket: &str, service: &str, dir: &str, count: usize) -> Result<bool, Error> {
     let c = Client::attach(socket, service)?;
-    let mut files: HashMap<u64, (File, Instant, u64)> = HashMap::new();
+    let mut files: HashMap<u64, (Option<File>, Instant, u64)> = HashMap::new();
     let mut ended = 0;
     let mut all_ok = true;
     while ended < count {
@@ -105,16 +106,22 @@ fn receive(socket: &str, service: &str, dir: &str, count: usize) -> Result<bool,
                 let entry = match files.entry(id) {
                     std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                     std::collections::hash_map::Entry::Vacant(v) => {
-                        let path = format!("{dir}/{id:016x}");
-                        let f = File::create(&path)
-                            .map_err(|e| Error::Refused(format!("{path}: {e}")))?;
+                        let f = match dir {
+                            "-" => None,
+                            _ => {
+                                let path = format!("{dir}/{id:016x}");
+                                let f = File::create(&path)
+                                    .map_err(|e| Error::Refused(format!("{path}: {e}")))?;
+                                Some(f)
+                            }
+                        };
                         v.insert((f, Instant::now(), 0))
                     }
                 };
-                entry
-                    .0
-                    .write_all_at(&data, offset)
-                    .map_err(|e| Error::Refused(format!("writing {id:016x}: {e}")))?;
+                if let Some(f) = &entry.0 {
+                    f.write_all_at(&data, offset)
+                        .map_err(|e| Error::Refused(format!("writing {id:016x}: {e}")))?;
+                }
                 entry.2 += data.len() as u64;
             }
             Some(Event::MulticastEnd {
@@ -126,8 +133,10 @@ fn receive(socket: &str, service: &str, dir: &str, count: usize) -> Result<bool,
                 ended += 1;
                 let (secs, got) = match files.remove(&id) {
                     Some((f, t0, got)) => {
-                        f.sync_all()
-                            .map_err(|e| Error::Refused(format!("syncing {id:016x}: {e}")))?;
+                        if let Some(f) = f {
+                            f.sync_all()
+                                .map_err(|e| Error::Refused(format!("syncing {id:016x}: {e}")))?;
+                        }
                         (t0.elapsed().as_secs_f64(), got)
                     }
                     None => (0.0, 0),

@@ -187,6 +187,7 @@ fn applications_multicast_a_file(t: &Torus, bytes: u64, absent: &str) {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+    let torusd_before: Vec<u64> = members.iter().map(|m| torusd_rss_kb(t, m)).collect();
     let t0 = Instant::now();
     let out = Command::new("timeout")
         .arg("900")
@@ -254,8 +255,14 @@ fn applications_multicast_a_file(t: &Torus, bytes: u64, absent: &str) {
         let _ = std::fs::remove_file(&file);
     }
     let torusd: Vec<u64> = members.iter().map(|m| torusd_rss_kb(t, m)).collect();
+    let grew = torusd
+        .iter()
+        .zip(&torusd_before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .max()
+        .unwrap_or(0);
     eprintln!(
-        "application multicast: 25 files byte-exact; receivers' peak memory at most {worst_rss} kB; members' torusd peak memory at most {} kB",
+        "application multicast: 25 files byte-exact; receivers' peak memory at most {worst_rss} kB; members' torusd peak memory at most {} kB, at most {grew} kB above its peak before the transfer",
         torusd.iter().max().copied().unwrap_or(0)
     );
 }

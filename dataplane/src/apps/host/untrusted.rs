@@ -159,6 +159,36 @@ mod tests {
             let (sent, bad) = run_channel(seed).expect("a channel");
             assert_eq!((sent, bad), ([1, 1, 2][k], 0), "seed {k}");
         }
+        // Multicasts: of the pool's first KiB to one member (taken); of bytes beyond the
+        // pool, and with a member list cut mid-entry (each refused and counted).
+        let mcast = |aux: u64, aux2: u64, members: &[u8]| {
+            let e = Sqe {
+                op: op::MULTICAST,
+                service: 2000,
+                tag: 9,
+                aux,
+                aux2,
+                data_pos: 0,
+                data_len: members.len() as u32,
+                ..Sqe::default()
+            };
+            let mut b = vec![1u8];
+            b.extend(entry(&e));
+            b.extend_from_slice(members);
+            b.extend_from_slice(&1u32.to_le_bytes());
+            b.extend_from_slice(&(members.len() as u64).to_le_bytes());
+            b
+        };
+        let one = pack_coord(1, 0, 0).to_le_bytes();
+        for (seed, want_bad) in [
+            (mcast(0, 1024, &one), 0),
+            (mcast(4000, 1024, &one), 1),
+            (mcast(0, 1024, &one[..5]), 1),
+        ] {
+            let (_, bad) = run_channel(&seed).expect("a channel");
+            assert_eq!(bad, want_bad, "{seed:?}");
+            seeds.push(seed);
+        }
         let ws = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         torusnet_proto::fuzz::write_seeds(&ws, "app_channel", &seeds);
         torusnet_proto::fuzz::run(&seeds, 20_000, 29, check_untrusted);
