@@ -190,6 +190,63 @@ fn median_spread(v: &mut [f64]) -> (f64, f64, f64) {
     )
 }
 
+/// Medians and spreads (median, min, max) of alternating rounds.
+struct Rounds {
+    ctl: (f64, f64, f64),
+    app: (f64, f64, f64),
+    ctl_min_gbps: Vec<f64>,
+}
+
+/// The same bytes multicast from torusctl (torusd's own buffer, checksums at the members)
+/// and from an application (its pool, to applications that take every byte), alternating.
+fn torusctl_vs_application(a: &Args, prefix: &str, ask: &Ask<'_>) -> Result<Rounds, String> {
+    let src = std::env::current_dir()
+        .map_err(e)?
+        .join(format!("target/bench-mcast-{}", std::process::id()));
+    struct Rm(std::path::PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _rm = Rm(src.clone());
+    std::fs::write(&src, torusnet_services::multicast::generate(a.bytes, 3)).map_err(e)?;
+    let (mut from_ctl, mut from_app, mut ctl_min_gbps) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..a.rounds.max(1) {
+        let c = ask(
+            "0,0,0",
+            json!({"cmd": "multicast", "generate": a.bytes, "seed": 3}),
+            600,
+        )?;
+        if let Some(err) = c.get("error") {
+            return Err(format!("multicast: {err}"));
+        }
+        let p = app_multicast(prefix, ask, &src)?;
+        let (cs, ps) = (
+            c["elapsed_s"].as_f64().unwrap_or(0.0),
+            p["elapsed_s"].as_f64().unwrap_or(0.0),
+        );
+        eprintln!("round {round}: torusctl {cs:.2} s, application {ps:.2} s");
+        from_ctl.push(cs);
+        ctl_min_gbps.push(c["min_member_gbps"].as_f64().unwrap_or(0.0));
+        from_app.push(ps);
+    }
+    let ctl = median_spread(&mut from_ctl);
+    let app = median_spread(&mut from_app);
+    let ((ctl_s, ctl_lo, ctl_hi), (app_s, app_lo, app_hi)) = (ctl, app);
+    eprintln!(
+        "multicast of {} MB to 26, median of {}: torusctl {ctl_s:.2} s ({ctl_lo:.2}-{ctl_hi:.2}), application to applications {app_s:.2} s ({app_lo:.2}-{app_hi:.2}): {:.2}x the time",
+        a.bytes / 1_000_000,
+        a.rounds.max(1),
+        app_s / ctl_s.max(1e-9)
+    );
+    Ok(Rounds {
+        ctl,
+        app,
+        ctl_min_gbps,
+    })
+}
+
 /// The namespace experiments.
 fn namespaces(a: &Args) -> Result<Value, String> {
     let prefix = format!("bt{}", std::process::id() % 10000);
@@ -260,47 +317,10 @@ fn namespaces(a: &Args) -> Result<Value, String> {
         agg["agg_link_bytes"].as_f64().unwrap_or(0.0) / 1e3,
         agg["raw_link_bytes"].as_f64().unwrap_or(0.0) / 1e3
     );
-    // The same bytes from torusctl (torusd's own buffer, checksums at the members) and from
-    // an application (its pool, to applications that take every byte), alternating.
-    let src = std::env::current_dir()
-        .map_err(e)?
-        .join(format!("target/bench-mcast-{}", std::process::id()));
-    struct Rm(std::path::PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _rm = Rm(src.clone());
-    std::fs::write(&src, torusnet_services::multicast::generate(a.bytes, 3)).map_err(e)?;
-    let (mut from_ctl, mut from_app, mut ctl_min_gbps) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..a.rounds.max(1) {
-        let c = ask(
-            "0,0,0",
-            json!({"cmd": "multicast", "generate": a.bytes, "seed": 3}),
-            600,
-        )?;
-        if let Some(err) = c.get("error") {
-            return Err(format!("multicast: {err}"));
-        }
-        let p = app_multicast(&prefix, &ask, &src)?;
-        let (cs, ps) = (
-            c["elapsed_s"].as_f64().unwrap_or(0.0),
-            p["elapsed_s"].as_f64().unwrap_or(0.0),
-        );
-        eprintln!("round {round}: torusctl {cs:.2} s, application {ps:.2} s");
-        from_ctl.push(cs);
-        ctl_min_gbps.push(c["min_member_gbps"].as_f64().unwrap_or(0.0));
-        from_app.push(ps);
-    }
-    let (ctl_s, ctl_lo, ctl_hi) = median_spread(&mut from_ctl);
-    let (app_s, app_lo, app_hi) = median_spread(&mut from_app);
-    eprintln!(
-        "multicast of {} MB to 26, median of {}: torusctl {ctl_s:.2} s ({ctl_lo:.2}-{ctl_hi:.2}), application to applications {app_s:.2} s ({app_lo:.2}-{app_hi:.2}): {:.2}x the time",
-        a.bytes / 1_000_000,
-        a.rounds.max(1),
-        app_s / ctl_s.max(1e-9)
-    );
+    let rounds = torusctl_vs_application(a, &prefix, &ask)?;
+    let (ctl_s, ctl_lo, ctl_hi) = rounds.ctl;
+    let (app_s, app_lo, app_hi) = rounds.app;
+    let mut ctl_min_gbps = rounds.ctl_min_gbps;
     let (min, _, _) = median_spread(&mut ctl_min_gbps);
     eprintln!(
         "multicast {} MB to 26 from torusctl: min {min:.3} Gb/s per member (median of {})",

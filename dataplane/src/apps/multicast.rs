@@ -5,16 +5,14 @@
 //!   the transfer lasts, even if the application exits); the root's report comes back as the
 //!   application's `MCAST_REPORT` event.
 //! - On a member, the multicast service delivers into [`AppSinks`]: each transfer's bytes go
-//!   in order into a bounded inbox per service ([`McastInbox`]), which the host empties into
-//!   the application's channel when it has room, so a slow application slows its transfer
-//!   (its progress reports hold the root back) instead of filling torusd's memory.
+//!   in order into a bounded inbox per service (`crate::shared::McastInbox`), which the host
+//!   empties into the application's channel when it has room, so a slow application slows
+//!   its transfer (its progress reports hold the root back) instead of filling torusd.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use serde_json::Value;
 use torusnet_client::channel::{cq, unpack_coord, Cqe, Sqe};
 use torusnet_proto::topology::Coord;
@@ -23,49 +21,10 @@ use torusnet_services::multicast::{MulticastRequest, Sink, Sinks, Source, MCAST}
 
 use super::host::{bump, pack, AppsHost};
 use crate::rmem::memory::{Memory, PoolMemory};
-use crate::shared::{Command, Shared};
+use crate::shared::{Command, Delivery, Shared};
 
-/// Bytes one service's inbox holds at most (the chunks its application has not read yet).
-const INBOX_BYTES: usize = 4 << 20;
 /// Multicasts one application may have running at once.
 const MAX_RUNNING: usize = 64;
-
-/// One thing for an application: bytes of a transfer, or its end.
-#[derive(Debug)]
-enum Delivery {
-    Data {
-        t: Transfer,
-        offset: u64,
-        data: Vec<u8>,
-    },
-    End {
-        t: Transfer,
-        complete: bool,
-    },
-}
-
-#[derive(Debug, Default)]
-struct Queue {
-    items: VecDeque<Delivery>,
-    bytes: usize,
-}
-
-/// What members' sinks delivered for this server's applications and the host has not
-/// written into their channels yet, per service.
-#[derive(Debug, Default)]
-pub struct McastInbox {
-    queues: Mutex<HashMap<u16, Queue>>,
-}
-
-impl McastInbox {
-    /// Whether anything waits for service `id`.
-    fn waiting_for(&self, id: u16) -> bool {
-        self.queues
-            .lock()
-            .get(&id)
-            .is_some_and(|q| !q.items.is_empty())
-    }
-}
 
 /// The multicast service's way to this server's applications.
 #[derive(Debug)]
@@ -102,25 +61,11 @@ struct AppSink {
 
 impl Sink for AppSink {
     fn deliver(&mut self, t: &Transfer, offset: u64, data: &[u8]) -> bool {
-        let mut qs = self.shared.apps.multicast.queues.lock();
-        let q = qs.entry(t.service).or_default();
-        if q.bytes + data.len() > INBOX_BYTES && !q.items.is_empty() {
-            return false;
-        }
-        q.bytes += data.len();
-        q.items.push_back(Delivery::Data {
-            t: *t,
-            offset,
-            data: data.to_vec(),
-        });
-        true
+        self.shared.apps.multicast.offer(t, offset, data)
     }
 
     fn end(&mut self, t: &Transfer, complete: bool) {
-        // Ends carry no bytes: always taken, so every transfer ends once for its application.
-        let mut qs = self.shared.apps.multicast.queues.lock();
-        let q = qs.entry(t.service).or_default();
-        q.items.push_back(Delivery::End { t: *t, complete });
+        self.shared.apps.multicast.end(t, complete);
     }
 }
 
@@ -279,55 +224,45 @@ impl AppsHost {
             }
         }
         let inbox = self.shared.apps.multicast.clone();
-        let mut qs = inbox.queues.lock();
-        for (id, q) in qs.iter_mut() {
-            let Some(i) = self.owner_of(*id) else {
-                // Its application left: what it had not read goes with it.
-                q.items.clear();
-                q.bytes = 0;
-                continue;
-            };
+        n += inbox.drain(|id, d| {
+            let i = self.owner_of(id)?;
             let a = &mut self.apps[i];
             // Events queued before these go first.
-            while a.backlog.is_empty() {
-                let Some(d) = q.items.front() else { break };
-                let (e, data): (Cqe, &[u8]) = match d {
-                    Delivery::Data { t, offset, data } => (
-                        Cqe {
-                            kind: cq::MCAST_DATA,
-                            dst_service: t.service,
-                            peer: pack(t.root),
-                            tag: t.id,
-                            extra: *offset,
-                            extra2: t.size,
-                            ..Cqe::default()
-                        },
-                        data,
-                    ),
-                    Delivery::End { t, complete } => (
-                        Cqe {
-                            kind: cq::MCAST_END,
-                            reason: u8::from(!complete),
-                            dst_service: t.service,
-                            peer: pack(t.root),
-                            tag: t.id,
-                            extra2: t.size,
-                            ..Cqe::default()
-                        },
-                        &[],
-                    ),
-                };
-                if !a.write_event(e, data) {
-                    break;
-                }
-                bump(&a.info.counters.multicast_bytes, data.len() as u64);
-                if let Some(Delivery::Data { data, .. }) = q.items.pop_front() {
-                    q.bytes = q.bytes.saturating_sub(data.len());
-                }
-                n += 1;
+            if !a.backlog.is_empty() {
+                return Some(false);
             }
-        }
-        qs.retain(|_, q| !q.items.is_empty());
+            let (e, data): (Cqe, &[u8]) = match d {
+                Delivery::Data { t, offset, data } => (
+                    Cqe {
+                        kind: cq::MCAST_DATA,
+                        dst_service: t.service,
+                        peer: pack(t.root),
+                        tag: t.id,
+                        extra: *offset,
+                        extra2: t.size,
+                        ..Cqe::default()
+                    },
+                    data,
+                ),
+                Delivery::End { t, complete } => (
+                    Cqe {
+                        kind: cq::MCAST_END,
+                        reason: u8::from(!complete),
+                        dst_service: t.service,
+                        peer: pack(t.root),
+                        tag: t.id,
+                        extra2: t.size,
+                        ..Cqe::default()
+                    },
+                    &[],
+                ),
+            };
+            let taken = a.write_event(e, data);
+            if taken {
+                bump(&a.info.counters.multicast_bytes, data.len() as u64);
+            }
+            Some(taken)
+        });
         n
     }
 

@@ -117,7 +117,7 @@ pub struct AppsRegistry {
     /// Set when an application added a name: the host indexes its services again.
     pub(crate) renamed: AtomicBool,
     /// Multicast bytes members' sinks delivered for applications, not yet in their channels.
-    pub(crate) multicast: Arc<crate::apps::multicast::McastInbox>,
+    pub(crate) multicast: Arc<super::McastInbox>,
 }
 
 impl std::fmt::Debug for AppsRegistry {

@@ -7,6 +7,7 @@
 mod apps;
 mod command;
 mod inbox;
+mod mcast_inbox;
 mod shard;
 
 use std::collections::HashMap;
@@ -21,6 +22,7 @@ use torusnet_proto::topology::{Coord, Dims, Dir};
 pub use apps::{AppCounters, AppInfo, AppsRegistry, NewApp};
 pub use command::{Command, Handoff, HandoffCounts};
 pub use inbox::ServiceInbox;
+pub use mcast_inbox::{Delivery, McastInbox};
 pub use shard::ShardShared;
 
 use crate::config::Polling;

@@ -32,10 +32,13 @@
 //! child's `Have`. A loss costs a second, never the transfer. Servers remember the transfers
 //! that ended, so a late message does not bring one back.
 
+mod ends;
+mod member;
 mod root;
 pub mod wire;
+mod xfer;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,8 +53,10 @@ use torusnet_proto::transport::SendError;
 use torusnet_proto::trees::Trees;
 
 use crate::builtin::fnv;
+pub use ends::{Sink, Sinks, Source};
 use root::{Outcome, RootState};
 use wire::{Msg, Transfer};
+use xfer::{Role, Xfer};
 
 /// Service id of the multicast service.
 pub const MCAST: u16 = 9;
@@ -101,57 +106,6 @@ pub fn checksum(data: &[u8], chunk: u32) -> u64 {
     data.chunks(chunk.max(1) as usize).fold(FOLD_START, fold)
 }
 
-/// The bytes a root multicasts. It reads each chunk when it first sends it and again when a
-/// member asks for it, so they must stay unchanged until the transfer ends.
-pub trait Source: Send + Sync + std::fmt::Debug {
-    /// How many.
-    fn len(&self) -> u64;
-    /// Whether there are none.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Copies `out.len()` of them from `offset` (false: out of bounds).
-    fn read(&self, offset: u64, out: &mut [u8]) -> bool;
-}
-
-impl Source for Vec<u8> {
-    fn len(&self) -> u64 {
-        self.as_slice().len() as u64
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> bool {
-        let Ok(start) = usize::try_from(offset) else {
-            return false;
-        };
-        match start
-            .checked_add(out.len())
-            .and_then(|end| self.get(start..end))
-        {
-            Some(b) => {
-                out.copy_from_slice(b);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-/// Where a member delivers a transfer for its service: the bytes in order, then the end.
-pub trait Sink: Send + std::fmt::Debug {
-    /// The transfer's bytes at `offset` (in order, each once): `false` when there is no
-    /// room now (they are offered again on a later poll).
-    fn deliver(&mut self, t: &Transfer, offset: u64, data: &[u8]) -> bool;
-    /// The transfer ended here: every byte was delivered (`complete`), or the root gave
-    /// up on it (or it was forgotten).
-    fn end(&mut self, t: &Transfer, complete: bool);
-}
-
-/// Opens the [`Sink`]s of the services on this server (torusd: its applications).
-pub trait Sinks: Send + std::fmt::Debug {
-    /// The sink of transfer `t` for `t.service`, or why none can take it (reported to the
-    /// root).
-    fn open(&mut self, t: &Transfer) -> Result<Box<dyn Sink>, String>;
-}
-
 /// A multicast to start at this server (the root).
 #[derive(Debug)]
 pub struct MulticastRequest {
@@ -167,189 +121,6 @@ pub struct MulticastRequest {
     pub timeout: Duration,
     /// Where the result goes.
     pub reply: Sender<Value>,
-}
-
-/// What this server is in a transfer.
-#[derive(Debug)]
-enum Role {
-    /// Not told yet (its `Start` is on its way, or lost): it keeps what it receives.
-    Unknown,
-    /// It forwards only.
-    Relay,
-    /// It delivers (to its sink, if the transfer names a service) and reports.
-    Member(Option<Box<dyn Sink>>),
-    /// A member that cannot deliver: it forwards only.
-    Refused(String),
-    /// The source.
-    Root(Box<RootState>),
-}
-
-/// A chunk this server holds, and how many of its sends are still queued.
-#[derive(Debug)]
-struct Held {
-    data: Vec<u8>,
-    sends: u32,
-}
-
-#[derive(Debug)]
-struct Xfer {
-    t: Transfer,
-    role: Role,
-    /// Chunks received at some time (the root: all).
-    have: Vec<bool>,
-    missing: u32,
-    /// Chunks held now.
-    held: HashMap<u32, Held>,
-    /// Chunks delivered in order (a member), or released into the trees (the root).
-    delivered: u32,
-    /// The checksum of the chunks delivered.
-    sum: u64,
-    /// `delivered` as last reported to the root.
-    reported: u32,
-    done_sent: bool,
-    ended: bool,
-    trees: Option<Trees>,
-    adopted: HashSet<(usize, Coord)>,
-    out: VecDeque<(Coord, u32)>,
-    touched: Time,
-    /// When a chunk last arrived or was delivered (or the root was last asked): a member
-    /// that stops progressing asks the root.
-    stalled_at: Time,
-}
-
-impl Xfer {
-    fn new(t: Transfer, role: Role, now: Time, trees: Option<Trees>) -> Xfer {
-        let chunks = t.size.div_ceil(u64::from(t.chunk.max(1))) as u32;
-        let root = matches!(role, Role::Root(_));
-        Xfer {
-            t,
-            role,
-            have: vec![root; chunks as usize],
-            missing: if root { 0 } else { chunks },
-            held: HashMap::new(),
-            delivered: 0,
-            sum: FOLD_START,
-            reported: 0,
-            done_sent: root,
-            ended: false,
-            trees,
-            adopted: HashSet::new(),
-            out: VecDeque::new(),
-            touched: now,
-            stalled_at: now,
-        }
-    }
-    fn chunks(&self) -> u32 {
-        self.have.len() as u32
-    }
-    fn chunk_range(&self, i: u32) -> std::ops::Range<usize> {
-        let start = i as u64 * u64::from(self.t.chunk);
-        let end = (start + u64::from(self.t.chunk)).min(self.t.size);
-        start as usize..end as usize
-    }
-    fn tree_of(&self, i: u32) -> usize {
-        let k = self.trees.as_ref().map_or(1, Trees::count).max(1);
-        i as usize % k
-    }
-    fn children(&self, tree: usize, me: Coord) -> Vec<Coord> {
-        let mut c = self
-            .trees
-            .as_ref()
-            .map(|t| t.children(tree, me))
-            .unwrap_or_default();
-        for (t, a) in &self.adopted {
-            if *t == tree && !c.contains(a) {
-                c.push(*a);
-            }
-        }
-        c
-    }
-    fn root(&self) -> Option<&RootState> {
-        match &self.role {
-            Role::Root(r) => Some(r),
-            _ => None,
-        }
-    }
-    fn root_mut(&mut self) -> Option<&mut RootState> {
-        match &mut self.role {
-            Role::Root(r) => Some(r),
-            _ => None,
-        }
-    }
-    fn is_member(&self) -> bool {
-        matches!(self.role, Role::Member(_))
-    }
-    /// Whether this server can send chunk `i`: the root once released, another server while
-    /// it holds it.
-    fn can_send(&self, i: u32) -> bool {
-        match &self.role {
-            Role::Root(_) => i < self.delivered,
-            _ => self.held.contains_key(&i),
-        }
-    }
-    /// The `Data` message carrying chunk `i` (`None`: not held, or the source failed).
-    fn data_msg(&self, i: u32) -> Option<Vec<u8>> {
-        let r = self.chunk_range(i);
-        match &self.role {
-            Role::Root(root) if i < self.delivered => Msg::data_with(&self.t, i, r.len(), |out| {
-                root.source.read(r.start as u64, out)
-            }),
-            Role::Root(_) => None,
-            _ => self.held.get(&i).map(|h| {
-                Msg::Data {
-                    t: self.t,
-                    index: i,
-                    data: &h.data,
-                }
-                .encode()
-            }),
-        }
-    }
-    /// Queues chunk `i` for `to` (counted against the chunk, which is kept until sent).
-    fn queue(&mut self, to: Coord, i: u32) -> bool {
-        if !self.can_send(i) {
-            return false;
-        }
-        if let Some(h) = self.held.get_mut(&i) {
-            h.sends += 1;
-        }
-        self.out.push_back((to, i));
-        true
-    }
-    /// One queued send of chunk `i` is over (sent or dropped): the chunk goes once nothing
-    /// else needs it.
-    fn sent(&mut self, i: u32, bytes: &mut u64) {
-        if let Some(h) = self.held.get_mut(&i) {
-            h.sends = h.sends.saturating_sub(1);
-        }
-        self.settle(i, bytes);
-    }
-    /// Lets go of chunk `i` if no send of it is queued and this server has no other use
-    /// for it (a member: delivered; a relay: none; not yet told: keep it).
-    fn settle(&mut self, i: u32, bytes: &mut u64) {
-        let done = match self.role {
-            Role::Member(_) => i < self.delivered,
-            Role::Unknown => false,
-            _ => true,
-        };
-        if done && self.held.get(&i).is_some_and(|h| h.sends == 0) {
-            if let Some(h) = self.held.remove(&i) {
-                *bytes = bytes.saturating_sub(h.data.len() as u64);
-            }
-        }
-    }
-    /// The window a member asks the root for: from its first undelivered chunk on.
-    fn want(&self, window: u32) -> Vec<u8> {
-        let from = self.delivered;
-        let n = window.min(self.chunks() - from);
-        let mut bits = vec![0u8; n.div_ceil(8) as usize];
-        for j in 0..n {
-            if self.held.contains_key(&(from + j)) || self.have[(from + j) as usize] {
-                bits[j as usize / 8] |= 1 << (j % 8);
-            }
-        }
-        bits
-    }
 }
 
 /// Counters of the service on this server.
@@ -465,109 +236,6 @@ impl Multicast {
         (self.window / u64::from(chunk.max(1))).clamp(4, u64::from(u32::MAX)) as u32
     }
 
-    fn start(&mut self, now: Time, req: MulticastRequest, node: &mut dyn Engine) {
-        let me = node.local();
-        let size = req.data.len();
-        let chunk = req.chunk.clamp(1024, 1 << 20);
-        if size == 0 || size > MAX_SIZE {
-            let _ = req
-                .reply
-                .send(json!({"error": format!("size {size}: 1 byte to {MAX_SIZE}")}));
-            return;
-        }
-        let members: Vec<Coord> = match &req.group {
-            Some(g) => g.iter().copied().filter(|c| *c != me).collect(),
-            None => node.dims().coords().filter(|c| *c != me).collect(),
-        };
-        if let Some(bad) = members.iter().find(|c| !node.dims().contains(**c)) {
-            let _ = req
-                .reply
-                .send(json!({"error": format!("{bad} is not in the torus")}));
-            return;
-        }
-        self.next_id += 1;
-        let id = (me
-            .to_array()
-            .iter()
-            .fold(0u64, |a, v| a << 16 | u64::from(*v))
-            << 16)
-            ^ (now.as_nanos() << 8)
-            ^ self.next_id;
-        let t = Transfer {
-            id,
-            root: me,
-            size,
-            chunk,
-            service: req.service,
-        };
-        let trees = view_of(node).map(|v| Trees::build(&v, me));
-        let r = RootState {
-            source: req.data,
-            members: members.clone(),
-            outcome: HashMap::new(),
-            progress: HashMap::new(),
-            lost: HashSet::new(),
-            broken: None,
-            sum: FOLD_START,
-            polled: now,
-            started: now,
-            deadline: now + req.timeout,
-            reply: req.reply,
-        };
-        let x = Xfer::new(t, Role::Root(Box::new(r)), now, trees);
-        // Every reachable server learns whether it is a member; then the chunks, tree by
-        // tree in turn, so all the root's links start at once.
-        let group: HashSet<Coord> = members.iter().copied().collect();
-        for c in node.dims().coords() {
-            if c != me && node.is_reachable(c) {
-                let m = Msg::Start {
-                    t,
-                    member: group.contains(&c),
-                };
-                self.ctl.push_back((c, m.encode()));
-            }
-        }
-        self.xfers.insert(id, x);
-        self.order.push_back(id);
-        self.release(id, node);
-        if members.is_empty() {
-            self.maybe_finish(now, id, node);
-        }
-    }
-
-    /// The root releases chunks into the trees, in order, up to a window beyond its
-    /// slowest member.
-    fn release(&mut self, id: u64, node: &dyn Engine) {
-        let me = node.local();
-        let Some(x) = self.xfers.get_mut(&id) else {
-            return;
-        };
-        let window = (self.window / u64::from(x.t.chunk.max(1))).clamp(4, u64::from(u32::MAX));
-        let chunks = x.chunks();
-        let Some(r) = x.root() else { return };
-        let until = (u64::from(r.floor(chunks, node)) + window).min(u64::from(chunks)) as u32;
-        let mut scratch = Vec::new();
-        while x.delivered < until {
-            let i = x.delivered;
-            let range = x.chunk_range(i);
-            scratch.resize(range.len(), 0);
-            if let Some(r) = x.root_mut() {
-                if !r.source.read(range.start as u64, &mut scratch) {
-                    // The transfer ends at the next poll, with this error.
-                    r.broken = Some(format!("the source could not be read at {}", range.start));
-                    r.deadline = Time::ZERO;
-                    return;
-                }
-                r.sum = fold(r.sum, &scratch);
-            }
-            x.delivered = i + 1;
-            let tree = x.tree_of(i);
-            for c in x.children(tree, me) {
-                x.queue(c, i);
-            }
-        }
-    }
-
     /// Whether transfer `t` is known here, joining it if it is new and well-formed.
     fn join(&mut self, now: Time, t: &Transfer, node: &dyn Engine) -> bool {
         if !self.xfers.contains_key(&t.id) {
@@ -595,175 +263,28 @@ impl Multicast {
     }
 
     fn on_message(&mut self, now: Time, src: Coord, data: &[u8], node: &mut dyn Engine) {
-        let me = node.local();
         let Some(m) = Msg::decode(data) else {
             self.stats.malformed += 1;
             return;
         };
         match m {
-            Msg::Start { t, member } => {
-                if !self.join(now, &t, node) {
-                    return;
-                }
-                let Some(x) = self.xfers.get_mut(&t.id) else {
-                    return;
-                };
-                x.touched = now;
-                if matches!(x.role, Role::Unknown) {
-                    x.role = if !member {
-                        Role::Relay
-                    } else if t.service == 0 {
-                        Role::Member(None)
-                    } else {
-                        match self.sinks.as_mut().map(|s| s.open(&t)) {
-                            Some(Ok(sink)) => Role::Member(Some(sink)),
-                            Some(Err(e)) => Role::Refused(e),
-                            None => Role::Refused(format!(
-                                "this server delivers multicasts to no service (asked for {})",
-                                t.service
-                            )),
-                        }
-                    };
-                    if let Role::Refused(reason) = &x.role {
-                        self.stats.refused += 1;
-                        let m = Msg::Refused { id: t.id, reason }.encode();
-                        self.ctl.push_back((t.root, m));
-                    }
-                } else if let Role::Refused(reason) = &x.role {
-                    // The root asks again: it did not hear why.
-                    let m = Msg::Refused { id: t.id, reason }.encode();
-                    self.ctl.push_back((t.root, m));
-                } else if x.is_member() && x.done_sent {
-                    // The root has not heard our `Done`: it was lost.
-                    x.done_sent = false;
-                    self.stats.redone += 1;
-                    self.stats.completed = self.stats.completed.saturating_sub(1);
-                }
-                self.deliver(now, t.id);
-            }
-            Msg::Data { t, index, data } => {
-                if !self.join(now, &t, node) {
-                    return;
-                }
-                let Some(x) = self.xfers.get_mut(&t.id) else {
-                    return;
-                };
-                x.touched = now;
-                if index >= x.chunks() || data.len() != x.chunk_range(index).len() {
-                    self.stats.malformed += 1;
-                    return;
-                }
-                if x.have[index as usize] || x.root().is_some() {
-                    self.stats.duplicates += 1;
-                    return;
-                }
-                x.have[index as usize] = true;
-                x.missing -= 1;
-                x.stalled_at = now;
-                x.held.insert(
-                    index,
-                    Held {
-                        data: data.to_vec(),
-                        sends: 0,
-                    },
-                );
-                self.stats.held_bytes += data.len() as u64;
-                self.stats.held_max = self.stats.held_max.max(self.stats.held_bytes);
-                let tree = x.tree_of(index);
-                for c in x.children(tree, me) {
-                    x.queue(c, index);
-                }
-                self.stats.chunks_in += 1;
-                // A relay's chunk with no children to go to goes at once.
-                x.settle(index, &mut self.stats.held_bytes);
-                self.deliver(now, t.id);
-            }
-            Msg::Have { t, tree, bits } => {
-                if !self.join(now, &t, node) {
-                    return;
-                }
-                let Some(x) = self.xfers.get_mut(&t.id) else {
-                    return;
-                };
-                let tree = usize::from(tree);
-                let k = x.trees.as_ref().map_or(1, Trees::count).max(1);
-                if tree >= k {
-                    self.stats.malformed += 1;
-                    return;
-                }
-                x.touched = now;
-                if x.root().is_none() && x.missing == x.chunks() && x.adopted.is_empty() {
-                    // Joined just now, from a child's request: this server's own parents
-                    // have never sent it anything, so it asks them at once.
-                    x.stalled_at = now;
-                    Self::ask_parents(&mut self.ctl, x, me);
-                }
-                x.adopted.insert((tree, src));
-                let mut i = tree as u32;
-                let mut j = 0usize;
-                while i < x.chunks() {
-                    let held = bits.get(j / 8).is_some_and(|b| b & (1 << (j % 8)) != 0);
-                    if !held && x.queue(src, i) {
-                        self.stats.resent += 1;
-                    }
-                    i += k as u32;
-                    j += 1;
-                }
-            }
-            Msg::Want { t, from, bits } => {
-                let window = self.window_chunks(t.chunk);
-                let Some(x) = self.xfers.get_mut(&t.id) else {
-                    return;
-                };
-                if x.t != t || x.root().is_none() {
-                    self.stats.malformed += 1;
-                    return;
-                }
-                let n = (bits.len() as u64 * 8).min(u64::from(window)) as u32;
-                for j in 0..n {
-                    let held = bits[j as usize / 8] & (1 << (j % 8)) != 0;
-                    let Some(i) = from.checked_add(j) else { break };
-                    if !held && x.queue(src, i) {
-                        self.stats.repaired += 1;
-                    }
-                }
-            }
-            Msg::Progress { id, delivered } => {
-                let Some(r) = self.xfers.get_mut(&id).and_then(Xfer::root_mut) else {
-                    return;
-                };
-                if r.members.contains(&src) {
-                    let p = r.progress.entry(src).or_insert(0);
-                    *p = (*p).max(delivered);
-                }
-                self.release(id, node);
-            }
+            Msg::Start { t, member } => self.on_start(now, &t, member, node),
+            Msg::Data { t, index, data } => self.on_data(now, &t, index, data, node),
+            Msg::Have { t, tree, bits } => self.on_have(now, src, &t, tree, bits, node),
+            Msg::Want { t, from, bits } => self.on_want(src, &t, from, bits),
+            Msg::Progress { id, delivered } => self.on_progress(src, id, delivered, node),
             Msg::Done { id, checksum } => {
-                let Some(r) = self.xfers.get_mut(&id).and_then(Xfer::root_mut) else {
-                    return;
-                };
-                if r.members.contains(&src) {
-                    let ok = checksum == r.sum;
-                    r.outcome.entry(src).or_insert(Outcome::Done {
-                        at: now,
-                        checksum_ok: ok,
-                    });
-                }
-                self.release(id, node);
-                self.maybe_finish(now, id, node);
+                let ok = |r: &RootState| checksum == r.sum;
+                self.on_outcome(now, src, id, node, |r| Outcome::Done {
+                    at: now,
+                    checksum_ok: ok(r),
+                });
             }
             Msg::Refused { id, reason } => {
-                let Some(r) = self.xfers.get_mut(&id).and_then(Xfer::root_mut) else {
-                    return;
-                };
-                if r.members.contains(&src) {
-                    r.outcome.entry(src).or_insert(Outcome::Refused {
-                        at: now,
-                        reason: reason.to_string(),
-                    });
-                }
-                self.release(id, node);
-                self.maybe_finish(now, id, node);
+                self.on_outcome(now, src, id, node, |_| Outcome::Refused {
+                    at: now,
+                    reason: reason.to_string(),
+                });
             }
             Msg::End { id } => {
                 if self.xfers.get(&id).is_some_and(|x| x.root().is_none()) {
@@ -776,156 +297,11 @@ impl Multicast {
         }
     }
 
-    /// A member delivers what it holds in order, reports its progress, and tells the root
-    /// once it delivered everything; a relay lets go of what it has forwarded.
-    fn deliver(&mut self, now: Time, id: u64) {
-        let window = match self.xfers.get(&id) {
-            Some(x) => self.window_chunks(x.t.chunk),
-            None => return,
-        };
-        let Some(x) = self.xfers.get_mut(&id) else {
-            return;
-        };
-        let chunks = x.chunks();
-        match &mut x.role {
-            Role::Member(sink) => {
-                let start = x.delivered;
-                while let Some(h) = x.held.get(&x.delivered) {
-                    let offset = u64::from(x.delivered) * u64::from(x.t.chunk);
-                    if let Some(s) = sink.as_mut() {
-                        if !s.deliver(&x.t, offset, &h.data) {
-                            break;
-                        }
-                    }
-                    x.sum = fold(x.sum, &h.data);
-                    if h.sends == 0 {
-                        if let Some(h) = x.held.remove(&x.delivered) {
-                            self.stats.held_bytes =
-                                self.stats.held_bytes.saturating_sub(h.data.len() as u64);
-                        }
-                    }
-                    x.delivered += 1;
-                }
-                if x.delivered > start {
-                    x.stalled_at = now;
-                }
-                let step = (window / 4).max(1);
-                if x.delivered >= x.reported + step
-                    || (x.delivered == chunks && x.reported < x.delivered)
-                {
-                    x.reported = x.delivered;
-                    let m = Msg::Progress {
-                        id,
-                        delivered: x.delivered,
-                    };
-                    self.ctl.push_back((x.t.root, m.encode()));
-                }
-                if x.delivered == chunks && !x.done_sent {
-                    x.done_sent = true;
-                    self.stats.completed += 1;
-                    let m = Msg::Done {
-                        id,
-                        checksum: x.sum,
-                    }
-                    .encode();
-                    self.ctl.push_back((x.t.root, m));
-                    if !x.ended {
-                        x.ended = true;
-                        if let Some(s) = sink.as_mut() {
-                            s.end(&x.t, true);
-                        }
-                    }
-                }
-            }
-            Role::Relay | Role::Refused(_) => {
-                let gone: Vec<u32> = x
-                    .held
-                    .iter()
-                    .filter(|(_, h)| h.sends == 0)
-                    .map(|(i, _)| *i)
-                    .collect();
-                for i in gone {
-                    if let Some(h) = x.held.remove(&i) {
-                        self.stats.held_bytes =
-                            self.stats.held_bytes.saturating_sub(h.data.len() as u64);
-                    }
-                }
-            }
-            Role::Unknown | Role::Root(_) => {}
-        }
-    }
-
-    /// Drops a transfer here (it ended, or was forgotten): its sink hears it ended.
-    fn forget(&mut self, id: u64) {
-        if let Some(mut x) = self.xfers.remove(&id) {
-            let held: u64 = x.held.values().map(|h| h.data.len() as u64).sum();
-            self.stats.held_bytes = self.stats.held_bytes.saturating_sub(held);
-            if let Role::Member(Some(s)) = &mut x.role {
-                if !x.ended {
-                    s.end(&x.t, false);
-                }
-            }
-        }
-        self.order.retain(|i| *i != id);
-    }
-
-    /// The root ends a transfer every reachable member has reported on, or at its deadline.
-    fn maybe_finish(&mut self, now: Time, id: u64, node: &mut dyn Engine) {
-        let Some(x) = self.xfers.get_mut(&id) else {
-            return;
-        };
-        let Role::Root(r) = &mut x.role else { return };
-        if r.waiting(node) > 0 && now < r.deadline {
-            return;
-        }
-        let Some(x) = self.xfers.remove(&id) else {
-            return;
-        };
-        let Role::Root(r) = x.role else { return };
-        let mut v = r.report(now, x.t.size);
-        v["id"] = json!(format!("{id:016x}"));
-        v["root"] = json!(x.t.root.to_string());
-        v["chunk"] = json!(x.t.chunk);
-        v["service"] = json!(x.t.service);
-        let trees = x.trees.as_ref();
-        v["trees"] = json!(trees.map_or(0, Trees::count));
-        v["tree_depth"] =
-            json!(trees.map_or(0, |t| (0..t.count()).map(|k| t.depth(k)).max().unwrap_or(0)));
-        v["shared_edges"] = json!(trees.map_or(0, Trees::shared_edges));
-        let _ = r.reply.send(v);
-        for c in node.dims().coords() {
-            if c != node.local() && node.is_reachable(c) {
-                self.ctl.push_back((c, Msg::End { id }.encode()));
-            }
-        }
-        self.order.retain(|i| *i != id);
-        self.remember_ended(id);
-    }
-
     fn remember_ended(&mut self, id: u64) {
         if self.ended.len() >= ENDED {
             self.ended.pop_front();
         }
         self.ended.push_back(id);
-    }
-
-    /// The root sends `Start` again to every reachable member that has not reported.
-    fn repoll(&mut self, now: Time, node: &dyn Engine) {
-        for x in self.xfers.values_mut() {
-            let t = x.t;
-            let Some(r) = x.root_mut() else { continue };
-            if now.since(r.polled) < STALL {
-                continue;
-            }
-            r.polled = now;
-            for m in &r.members {
-                if !r.outcome.contains_key(m) && node.is_reachable(*m) {
-                    let msg = Msg::Start { t, member: true };
-                    self.ctl.push_back((*m, msg.encode()));
-                    self.stats.repolled += 1;
-                }
-            }
-        }
     }
 
     /// New trees from the settled view; each new parent learns what its child holds.
@@ -960,47 +336,6 @@ impl Multicast {
             // A member given up no longer holds the window back.
             self.release(id, node);
             self.maybe_finish(now, id, node);
-        }
-    }
-
-    /// Tells this server's parent in every tree what it holds of that tree's chunks, for
-    /// the trees it lacks chunks of.
-    fn ask_parents(ctl: &mut VecDeque<(Coord, Vec<u8>)>, x: &Xfer, me: Coord) {
-        let Some(trees) = x.trees.as_ref() else {
-            return;
-        };
-        let k = trees.count().max(1);
-        for t in 0..k {
-            let Some(p) = trees.parent(t, me) else {
-                continue;
-            };
-            let mut bits = Vec::new();
-            let mut lacking = false;
-            let mut i = t as u32;
-            let mut j = 0usize;
-            while i < x.chunks() {
-                if j / 8 >= bits.len() {
-                    bits.push(0u8);
-                }
-                if x.have[i as usize] {
-                    bits[j / 8] |= 1 << (j % 8);
-                } else {
-                    lacking = true;
-                }
-                i += k as u32;
-                j += 1;
-            }
-            if lacking {
-                ctl.push_back((
-                    p,
-                    Msg::Have {
-                        t: x.t,
-                        tree: t as u8,
-                        bits: &bits,
-                    }
-                    .encode(),
-                ));
-            }
         }
     }
 

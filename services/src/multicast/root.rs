@@ -1,5 +1,6 @@
 //! The root's side of a transfer: its bytes, the window it sends ahead of its slowest
-//! member, what each member reported, and the report that ends the transfer.
+//! member, the repairs it sends, what each member reported, and the report that ends the
+//! transfer.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::Sender;
@@ -9,8 +10,11 @@ use serde_json::{json, Value};
 use torusnet_proto::service::Engine;
 use torusnet_proto::time::Time;
 use torusnet_proto::topology::Coord;
+use torusnet_proto::trees::Trees;
 
-use super::Source;
+use super::wire::{Msg, Transfer};
+use super::xfer::{Role, Xfer};
+use super::{fold, view_of, Multicast, MulticastRequest, Source, FOLD_START, MAX_SIZE, STALL};
 
 /// What a member told the root about its end of the transfer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,7 +48,7 @@ pub(super) struct RootState {
 impl RootState {
     /// Whether `m` still holds the transfer back: a member that has not ended, is not given
     /// up, and is reachable.
-    fn waits_for(&self, m: Coord, node: &dyn Engine) -> bool {
+    pub(super) fn waits_for(&self, m: Coord, node: &dyn Engine) -> bool {
         !self.outcome.contains_key(&m) && node.is_reachable(m)
     }
 
@@ -143,5 +147,215 @@ impl RootState {
             v["error"] = json!("checksum mismatch");
         }
         v
+    }
+}
+
+impl Multicast {
+    /// `Want`: a member lacks chunks of its window that its parents may no longer hold; the
+    /// root sends them straight to it.
+    pub(super) fn on_want(&mut self, src: Coord, t: &Transfer, from: u32, bits: &[u8]) {
+        let window = self.window_chunks(t.chunk);
+        let Some(x) = self.xfers.get_mut(&t.id) else {
+            return;
+        };
+        if x.t != *t || x.root().is_none() {
+            self.stats.malformed += 1;
+            return;
+        }
+        let n = (bits.len() as u64 * 8).min(u64::from(window)) as u32;
+        for j in 0..n {
+            let held = bits[j as usize / 8] & (1 << (j % 8)) != 0;
+            let Some(i) = from.checked_add(j) else { break };
+            if !held && x.queue(src, i) {
+                self.stats.repaired += 1;
+            }
+        }
+    }
+
+    /// `Progress`: a member delivered `delivered` chunks in order; the window may move.
+    pub(super) fn on_progress(&mut self, src: Coord, id: u64, delivered: u32, node: &dyn Engine) {
+        let Some(r) = self.xfers.get_mut(&id).and_then(Xfer::root_mut) else {
+            return;
+        };
+        if r.members.contains(&src) {
+            let p = r.progress.entry(src).or_insert(0);
+            *p = (*p).max(delivered);
+        }
+        self.release(id, node);
+    }
+
+    /// `Done` or `Refused`: a member's end of the transfer (its first report counts).
+    pub(super) fn on_outcome(
+        &mut self,
+        now: Time,
+        src: Coord,
+        id: u64,
+        node: &mut dyn Engine,
+        outcome: impl FnOnce(&RootState) -> Outcome,
+    ) {
+        let Some(r) = self.xfers.get_mut(&id).and_then(Xfer::root_mut) else {
+            return;
+        };
+        if r.members.contains(&src) && !r.outcome.contains_key(&src) {
+            let o = outcome(r);
+            r.outcome.insert(src, o);
+        }
+        self.release(id, node);
+        self.maybe_finish(now, id, node);
+    }
+
+    pub(super) fn start(&mut self, now: Time, req: MulticastRequest, node: &mut dyn Engine) {
+        let me = node.local();
+        let size = req.data.len();
+        let chunk = req.chunk.clamp(1024, 1 << 20);
+        if size == 0 || size > MAX_SIZE {
+            let _ = req
+                .reply
+                .send(json!({"error": format!("size {size}: 1 byte to {MAX_SIZE}")}));
+            return;
+        }
+        let members: Vec<Coord> = match &req.group {
+            Some(g) => g.iter().copied().filter(|c| *c != me).collect(),
+            None => node.dims().coords().filter(|c| *c != me).collect(),
+        };
+        if let Some(bad) = members.iter().find(|c| !node.dims().contains(**c)) {
+            let _ = req
+                .reply
+                .send(json!({"error": format!("{bad} is not in the torus")}));
+            return;
+        }
+        self.next_id += 1;
+        let id = (me
+            .to_array()
+            .iter()
+            .fold(0u64, |a, v| a << 16 | u64::from(*v))
+            << 16)
+            ^ (now.as_nanos() << 8)
+            ^ self.next_id;
+        let t = Transfer {
+            id,
+            root: me,
+            size,
+            chunk,
+            service: req.service,
+        };
+        let trees = view_of(node).map(|v| Trees::build(&v, me));
+        let r = RootState {
+            source: req.data,
+            members: members.clone(),
+            outcome: HashMap::new(),
+            progress: HashMap::new(),
+            lost: HashSet::new(),
+            broken: None,
+            sum: FOLD_START,
+            polled: now,
+            started: now,
+            deadline: now + req.timeout,
+            reply: req.reply,
+        };
+        let x = Xfer::new(t, Role::Root(Box::new(r)), now, trees);
+        // Every reachable server learns whether it is a member; then the chunks, tree by
+        // tree in turn, so all the root's links start at once.
+        let group: HashSet<Coord> = members.iter().copied().collect();
+        for c in node.dims().coords() {
+            if c != me && node.is_reachable(c) {
+                let m = Msg::Start {
+                    t,
+                    member: group.contains(&c),
+                };
+                self.ctl.push_back((c, m.encode()));
+            }
+        }
+        self.xfers.insert(id, x);
+        self.order.push_back(id);
+        self.release(id, node);
+        if members.is_empty() {
+            self.maybe_finish(now, id, node);
+        }
+    }
+
+    /// The root releases chunks into the trees, in order, up to a window beyond its
+    /// slowest member.
+    pub(super) fn release(&mut self, id: u64, node: &dyn Engine) {
+        let me = node.local();
+        let Some(x) = self.xfers.get_mut(&id) else {
+            return;
+        };
+        let window = (self.window / u64::from(x.t.chunk.max(1))).clamp(4, u64::from(u32::MAX));
+        let chunks = x.chunks();
+        let Some(r) = x.root() else { return };
+        let until = (u64::from(r.floor(chunks, node)) + window).min(u64::from(chunks)) as u32;
+        let mut scratch = Vec::new();
+        while x.delivered < until {
+            let i = x.delivered;
+            let range = x.chunk_range(i);
+            scratch.resize(range.len(), 0);
+            if let Some(r) = x.root_mut() {
+                if !r.source.read(range.start as u64, &mut scratch) {
+                    // The transfer ends at the next poll, with this error.
+                    r.broken = Some(format!("the source could not be read at {}", range.start));
+                    r.deadline = Time::ZERO;
+                    return;
+                }
+                r.sum = fold(r.sum, &scratch);
+            }
+            x.delivered = i + 1;
+            let tree = x.tree_of(i);
+            for c in x.children(tree, me) {
+                x.queue(c, i);
+            }
+        }
+    }
+
+    /// The root ends a transfer every reachable member has reported on, or at its deadline.
+    pub(super) fn maybe_finish(&mut self, now: Time, id: u64, node: &mut dyn Engine) {
+        let Some(x) = self.xfers.get_mut(&id) else {
+            return;
+        };
+        let Role::Root(r) = &mut x.role else { return };
+        if r.waiting(node) > 0 && now < r.deadline {
+            return;
+        }
+        let Some(x) = self.xfers.remove(&id) else {
+            return;
+        };
+        let Role::Root(r) = x.role else { return };
+        let mut v = r.report(now, x.t.size);
+        v["id"] = json!(format!("{id:016x}"));
+        v["root"] = json!(x.t.root.to_string());
+        v["chunk"] = json!(x.t.chunk);
+        v["service"] = json!(x.t.service);
+        let trees = x.trees.as_ref();
+        v["trees"] = json!(trees.map_or(0, Trees::count));
+        v["tree_depth"] =
+            json!(trees.map_or(0, |t| (0..t.count()).map(|k| t.depth(k)).max().unwrap_or(0)));
+        v["shared_edges"] = json!(trees.map_or(0, Trees::shared_edges));
+        let _ = r.reply.send(v);
+        for c in node.dims().coords() {
+            if c != node.local() && node.is_reachable(c) {
+                self.ctl.push_back((c, Msg::End { id }.encode()));
+            }
+        }
+        self.order.retain(|i| *i != id);
+        self.remember_ended(id);
+    }
+
+    /// The root sends `Start` again to every reachable member that has not reported.
+    pub(super) fn repoll(&mut self, now: Time, node: &dyn Engine) {
+        for x in self.xfers.values_mut() {
+            let t = x.t;
+            let Some(r) = x.root_mut() else { continue };
+            if now.since(r.polled) < STALL {
+                continue;
+            }
+            r.polled = now;
+            for m in &r.members {
+                if !r.outcome.contains_key(m) && node.is_reachable(*m) {
+                    let msg = Msg::Start { t, member: true };
+                    self.ctl.push_back((*m, msg.encode()));
+                    self.stats.repolled += 1;
+                }
+            }
+        }
     }
 }

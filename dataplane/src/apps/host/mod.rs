@@ -978,13 +978,8 @@ impl Service for AppsHost {
             let r = a.region;
             let tail = r.u32(off::SQ_TAIL).load(Ordering::SeqCst);
             idle &= tail == a.sq_head && a.blocked.is_none() && a.owed.is_empty();
-            // Multicast bytes wait and the channel has room for them.
-            if self.mcast_waiting(i) {
-                let head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
-                idle &= a.cq_tail.wrapping_sub(head) >= r.geometry().cq_entries;
-            }
-            // Waiting events and room for them: flush before sleeping.
-            if !a.backlog.is_empty() {
+            // Waiting events (its backlog, multicast bytes) and room for them: flush first.
+            if !a.backlog.is_empty() || self.mcast_waiting(i) {
                 let head = r.u32(off::CQ_HEAD).load(Ordering::Acquire);
                 idle &= a.cq_tail.wrapping_sub(head) >= r.geometry().cq_entries;
             }

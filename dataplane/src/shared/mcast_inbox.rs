@@ -1,0 +1,107 @@
+//! Multicast bytes that members' sinks delivered for this server's applications and the
+//! applications' host has not written into their channels yet: a bounded queue per service.
+//! The multicast service fills it (`crate::apps::multicast`'s sinks), the host empties it.
+
+use std::collections::{HashMap, VecDeque};
+
+use parking_lot::Mutex;
+use torusnet_services::multicast::wire::Transfer;
+
+/// Bytes one service's queue holds at most (what its application has not read yet).
+const INBOX_BYTES: usize = 4 << 20;
+
+/// One thing for an application: bytes of a transfer, or its end.
+#[derive(Debug)]
+pub enum Delivery {
+    /// The transfer's bytes at `offset`, in order.
+    Data {
+        /// The transfer.
+        t: Transfer,
+        /// Where they start.
+        offset: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+    /// The transfer ended here (every byte delivered, or not).
+    End {
+        /// The transfer.
+        t: Transfer,
+        /// Every byte was delivered.
+        complete: bool,
+    },
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    items: VecDeque<Delivery>,
+    bytes: usize,
+}
+
+/// The queues, by service id.
+#[derive(Debug, Default)]
+pub struct McastInbox {
+    queues: Mutex<HashMap<u16, Queue>>,
+}
+
+impl McastInbox {
+    /// Queues bytes of `t` for its service; false when its queue is full (offered again).
+    pub fn offer(&self, t: &Transfer, offset: u64, data: &[u8]) -> bool {
+        let mut qs = self.queues.lock();
+        let q = qs.entry(t.service).or_default();
+        if q.bytes + data.len() > INBOX_BYTES && !q.items.is_empty() {
+            return false;
+        }
+        q.bytes += data.len();
+        q.items.push_back(Delivery::Data {
+            t: *t,
+            offset,
+            data: data.to_vec(),
+        });
+        true
+    }
+
+    /// Queues the end of `t`: always taken (it carries no bytes), so every transfer ends once
+    /// for its application.
+    pub fn end(&self, t: &Transfer, complete: bool) {
+        let mut qs = self.queues.lock();
+        qs.entry(t.service)
+            .or_default()
+            .items
+            .push_back(Delivery::End { t: *t, complete });
+    }
+
+    /// Whether anything waits for service `id`.
+    pub fn waiting_for(&self, id: u16) -> bool {
+        self.queues
+            .lock()
+            .get(&id)
+            .is_some_and(|q| !q.items.is_empty())
+    }
+
+    /// Hands every service's deliveries, in order, to `take`: `Some(true)` took it,
+    /// `Some(false)` has no room now (the rest of that service's wait), `None` nobody takes
+    /// that service any more (its queue is dropped). Returns how many were taken.
+    pub fn drain(&self, mut take: impl FnMut(u16, &Delivery) -> Option<bool>) -> usize {
+        let mut n = 0;
+        let mut qs = self.queues.lock();
+        for (id, q) in qs.iter_mut() {
+            while let Some(d) = q.items.front() {
+                match take(*id, d) {
+                    Some(true) => {
+                        if let Some(Delivery::Data { data, .. }) = q.items.pop_front() {
+                            q.bytes = q.bytes.saturating_sub(data.len());
+                        }
+                        n += 1;
+                    }
+                    Some(false) => break,
+                    None => {
+                        q.items.clear();
+                        q.bytes = 0;
+                    }
+                }
+            }
+        }
+        qs.retain(|_, q| !q.items.is_empty());
+        n
+    }
+}
