@@ -158,3 +158,41 @@ def test_c_multicasts_a_file_to_python_members(torus, tmp_path):
     finally:
         for c in clients.values():
             c.close()
+
+
+def test_a_member_that_leaves_midway_is_reported_and_the_others_complete(torus):
+    data = os.urandom(8_000_000)
+    stays = torusnet.Client(sock("0-1-0"), SERVICE)
+    leaves = torusnet.Client(sock("1-1-0"), SERVICE)
+    got = []
+    t = threading.Thread(target=receive_all, args=(stays, got))
+    t.start()
+    try:
+        with torusnet.Client(sock("2-2-0"), "mc-py-sender-2", pool=10 << 20) as s:
+            r = s.register_region(len(data), torusnet.READ)
+            s.region_write(r, 0, data)
+            tag = s.multicast([(0, 1, 0), (1, 1, 0)], SERVICE, r, 0, len(data),
+                              chunk=64 * 1024, timeout=60)
+            # The second member reads its first bytes, then detaches.
+            while True:
+                ev = leaves.recv(30)
+                assert ev is not None, "no bytes for the member that leaves"
+                if ev.kind == torusnet.MCAST_DATA:
+                    break
+            leaves.close()
+            deadline = time.time() + 90
+            while True:
+                ev = s.recv(1)
+                assert time.time() < deadline, "no report"
+                if ev is not None and ev.kind == torusnet.MCAST_REPORT and ev.tag == tag:
+                    break
+        report = json.loads(ev.data)
+        outcome = {p["member"]: p for p in report["per_member"]}
+        assert outcome["0,1,0"]["outcome"] == "complete", report
+        assert outcome["1,1,0"]["outcome"] == "refused", report
+        assert "left" in outcome["1,1,0"]["reason"], report
+        t.join(30)
+        assert got == [(0, len(data), data, (2, 2, 0))]
+    finally:
+        stays.close()
+        leaves.close()

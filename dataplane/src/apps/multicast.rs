@@ -60,12 +60,32 @@ struct AppSink {
 }
 
 impl Sink for AppSink {
-    fn deliver(&mut self, t: &Transfer, offset: u64, data: &[u8]) -> bool {
-        self.shared.apps.multicast.offer(t, offset, data)
+    fn deliver(&mut self, t: &Transfer, offset: u64, data: &[u8]) -> Result<bool, String> {
+        self.present(t)?;
+        Ok(self.shared.apps.multicast.offer(t, offset, data))
     }
 
     fn end(&mut self, t: &Transfer, complete: bool) {
         self.shared.apps.multicast.end(t, complete);
+    }
+
+    fn flushed(&mut self, t: &Transfer) -> Result<bool, String> {
+        self.present(t)?;
+        Ok(!self.shared.apps.multicast.pending(t.service, t.id))
+    }
+}
+
+impl AppSink {
+    /// Whether an application still hosts the transfer's service here.
+    fn present(&self, t: &Transfer) -> Result<(), String> {
+        if self.shared.hosted.hosts(t.service) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the application of service {} left before it had every byte",
+                t.service
+            ))
+        }
     }
 }
 

@@ -70,6 +70,15 @@ impl McastInbox {
             .push_back(Delivery::End { t: *t, complete });
     }
 
+    /// Whether anything of transfer `id` waits for service `service`.
+    pub fn pending(&self, service: u16, id: u64) -> bool {
+        self.queues.lock().get(&service).is_some_and(|q| {
+            q.items.iter().any(|d| match d {
+                Delivery::Data { t, .. } | Delivery::End { t, .. } => t.id == id,
+            })
+        })
+    }
+
     /// Whether anything waits for service `id`.
     pub fn waiting_for(&self, id: u16) -> bool {
         self.queues

@@ -39,12 +39,20 @@ impl Source for Vec<u8> {
 
 /// Where a member delivers a transfer for its service: the bytes in order, then the end.
 pub trait Sink: Send + std::fmt::Debug {
-    /// The transfer's bytes at `offset` (in order, each once): `false` when there is no
-    /// room now (they are offered again on a later poll).
-    fn deliver(&mut self, t: &Transfer, offset: u64, data: &[u8]) -> bool;
+    /// The transfer's bytes at `offset` (in order, each once): `Ok(true)` taken, `Ok(false)`
+    /// no room now (offered again on a later poll), `Err` why it will never take any more
+    /// (its application left): the member reports that to the root.
+    fn deliver(&mut self, t: &Transfer, offset: u64, data: &[u8]) -> Result<bool, String>;
     /// The transfer ended here: every byte was delivered (`complete`), or the root gave
     /// up on it (or it was forgotten).
     fn end(&mut self, t: &Transfer, complete: bool);
+    /// Whether everything it took of `t`, and the end, has reached its receiver (`Err`: it
+    /// never will, and why). The member reports the transfer done only then, so a member
+    /// counted complete is one whose receiver has every byte.
+    fn flushed(&mut self, t: &Transfer) -> Result<bool, String> {
+        let _ = t;
+        Ok(true)
+    }
 }
 
 /// Opens the [`Sink`]s of the services on this server (torusd: its applications).

@@ -162,11 +162,17 @@ impl Multicast {
         match &mut x.role {
             Role::Member(sink) => {
                 let start = x.delivered;
+                let mut gone = None;
                 while let Some(h) = x.held.get(&x.delivered) {
                     let offset = u64::from(x.delivered) * u64::from(x.t.chunk);
                     if let Some(s) = sink.as_mut() {
-                        if !s.deliver(&x.t, offset, &h.data) {
-                            break;
+                        match s.deliver(&x.t, offset, &h.data) {
+                            Ok(true) => {}
+                            Ok(false) => break,
+                            Err(why) => {
+                                gone = Some(why);
+                                break;
+                            }
                         }
                     }
                     x.sum = fold(x.sum, &h.data);
@@ -182,8 +188,9 @@ impl Multicast {
                     x.stalled_at = now;
                 }
                 let step = (window / 4).max(1);
-                if x.delivered >= x.reported + step
-                    || (x.delivered == chunks && x.reported < x.delivered)
+                if gone.is_none()
+                    && (x.delivered >= x.reported + step
+                        || (x.delivered == chunks && x.reported < x.delivered))
                 {
                     x.reported = x.delivered;
                     let m = Msg::Progress {
@@ -192,8 +199,32 @@ impl Multicast {
                     };
                     self.ctl.push_back((x.t.root, m.encode()));
                 }
+                if gone.is_none() && x.delivered == chunks && !x.done_sent {
+                    if let Some(s) = sink.as_mut() {
+                        if !x.ended {
+                            x.ended = true;
+                            s.end(&x.t, true);
+                        }
+                        match s.flushed(&x.t) {
+                            Ok(true) => {}
+                            // Asked again at the next poll.
+                            Ok(false) => return,
+                            Err(why) => gone = Some(why),
+                        }
+                    }
+                }
+                if let Some(why) = gone {
+                    // Its receiver left: this server forwards only, and the root hears why.
+                    self.stats.refused += 1;
+                    let m = Msg::Refused { id, reason: &why }.encode();
+                    self.ctl.push_back((x.t.root, m));
+                    x.ended = true;
+                    x.role = Role::Refused(why);
+                    return self.deliver(now, id);
+                }
                 if x.delivered == chunks && !x.done_sent {
                     x.done_sent = true;
+                    x.ended = true;
                     self.stats.completed += 1;
                     let m = Msg::Done {
                         id,
@@ -201,12 +232,6 @@ impl Multicast {
                     }
                     .encode();
                     self.ctl.push_back((x.t.root, m));
-                    if !x.ended {
-                        x.ended = true;
-                        if let Some(s) = sink.as_mut() {
-                            s.end(&x.t, true);
-                        }
-                    }
                 }
             }
             Role::Relay | Role::Refused(_) => {

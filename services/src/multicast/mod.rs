@@ -567,6 +567,10 @@ impl Service for Multicast {
             .values()
             .filter_map(|x| match x.root() {
                 Some(r) => Some(r.deadline.min(r.polled + STALL)),
+                // A member waiting for its sink to hand on the last bytes asks it each poll.
+                None if x.is_member() && x.delivered == x.chunks() && !x.done_sent => {
+                    Some(Time::ZERO)
+                }
                 None if x.delivered < x.chunks() || x.missing > 0 => Some(x.stalled_at + STALL),
                 None => None,
             })

@@ -318,6 +318,8 @@ struct Keep {
     at: Coord,
     got: Got,
     refuse: bool,
+    /// Its application leaves after this many offers.
+    leaves_after: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -325,6 +327,8 @@ struct KeepSink {
     at: Coord,
     got: Got,
     offers: u64,
+    leaves_after: Option<u64>,
+    flush_polls: u32,
 }
 
 impl super::Sinks for Keep {
@@ -336,21 +340,36 @@ impl super::Sinks for Keep {
             at: self.at,
             got: self.got.clone(),
             offers: 0,
+            leaves_after: self.leaves_after,
+            flush_polls: 0,
         }))
     }
 }
 
 impl super::Sink for KeepSink {
-    fn deliver(&mut self, _t: &super::wire::Transfer, offset: u64, data: &[u8]) -> bool {
+    fn deliver(
+        &mut self,
+        _t: &super::wire::Transfer,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<bool, String> {
         self.offers += 1;
+        if self.leaves_after.is_some_and(|n| self.offers > n) {
+            return Err("its application left".into());
+        }
         if self.offers.is_multiple_of(3) {
-            return false;
+            return Ok(false);
         }
         let mut g = self.got.lock().unwrap();
         let e = g.entry(self.at).or_default();
         assert_eq!(e.0.len() as u64, offset, "in order, each byte once");
         e.0.extend_from_slice(data);
-        true
+        Ok(true)
+    }
+    fn flushed(&mut self, _t: &super::wire::Transfer) -> Result<bool, String> {
+        // The receiver takes a few polls to read the last bytes.
+        self.flush_polls += 1;
+        Ok(self.flush_polls > 3)
     }
     fn end(&mut self, _t: &super::wire::Transfer, complete: bool) {
         let mut g = self.got.lock().unwrap();
@@ -365,12 +384,14 @@ fn members_deliver_in_order_into_their_sinks_with_memory_bounded_by_the_window()
     let dims = Dims::new(3, 3, 3).unwrap();
     let got = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
     let refuser = Coord::new(2, 1, 0);
+    let leaver = Coord::new(1, 2, 2);
     let window = 16 * 4096;
     let mut net = Net::new(dims, |c| {
         let sinks = Keep {
             at: c,
             got: got.clone(),
             refuse: c == refuser,
+            leaves_after: (c == leaver).then_some(100),
         };
         Multicast::new(window, Some(Box::new(sinks)))
     });
@@ -391,10 +412,12 @@ fn members_deliver_in_order_into_their_sinks_with_memory_bounded_by_the_window()
     net.run(Time::from_nanos(30_000_000_000));
     let v = rx.try_recv().expect("a result");
     assert!(v.get("error").is_none(), "{v}");
-    assert_eq!(v["completed"], 25, "{v}");
+    assert_eq!(v["completed"], 24, "{v}");
+    let mut refused: Vec<String> = serde_json::from_value(v["refused"].clone()).unwrap();
+    refused.sort();
     assert_eq!(
-        v["refused"],
-        serde_json::json!([refuser.to_string()]),
+        refused,
+        vec![leaver.to_string(), refuser.to_string()],
         "{v}"
     );
     let per = v["per_member"].as_array().unwrap();
@@ -407,8 +430,20 @@ fn members_deliver_in_order_into_their_sinks_with_memory_bounded_by_the_window()
         r["reason"].as_str().unwrap().contains("service 1025"),
         "{r}"
     );
+    let l = per
+        .iter()
+        .find(|p| p["member"] == leaver.to_string())
+        .unwrap();
+    assert!(l["reason"].as_str().unwrap().contains("left"), "{l}");
     let got = got.lock().unwrap();
-    for c in dims.coords().filter(|c| *c != root && *c != refuser) {
+    // The one that left took the bytes it was offered before, in order, and never ended.
+    let (part, end) = got.get(&leaver).expect("some bytes");
+    assert!(part.len() < data.len() && data.starts_with(part));
+    assert_eq!(*end, None);
+    for c in dims
+        .coords()
+        .filter(|c| *c != root && *c != refuser && *c != leaver)
+    {
         let (bytes, end) = got.get(&c).expect("delivered");
         assert!(bytes == &*data, "{c}: every byte, in order");
         assert_eq!(*end, Some(true), "{c}");
