@@ -3,6 +3,7 @@
 //! The multicast service fills it (`crate::apps::multicast`'s sinks), the host empties it.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use torusnet_services::multicast::wire::Transfer;
@@ -41,6 +42,9 @@ struct Queue {
 #[derive(Debug, Default)]
 pub struct McastInbox {
     queues: Mutex<HashMap<u16, Queue>>,
+    /// Deliveries queued, over every service: the host's every turn looks here first, and
+    /// takes the lock only when something waits.
+    queued: AtomicUsize,
 }
 
 impl McastInbox {
@@ -57,6 +61,7 @@ impl McastInbox {
             offset,
             data: data.to_vec(),
         });
+        self.queued.fetch_add(1, Ordering::Release);
         true
     }
 
@@ -68,6 +73,7 @@ impl McastInbox {
             .or_default()
             .items
             .push_back(Delivery::End { t: *t, complete });
+        self.queued.fetch_add(1, Ordering::Release);
     }
 
     /// Whether anything of transfer `id` waits for service `service`.
@@ -81,16 +87,21 @@ impl McastInbox {
 
     /// Whether anything waits for service `id`.
     pub fn waiting_for(&self, id: u16) -> bool {
-        self.queues
-            .lock()
-            .get(&id)
-            .is_some_and(|q| !q.items.is_empty())
+        self.queued.load(Ordering::Acquire) > 0
+            && self
+                .queues
+                .lock()
+                .get(&id)
+                .is_some_and(|q| !q.items.is_empty())
     }
 
     /// Hands every service's deliveries, in order, to `take`: `Some(true)` took it,
     /// `Some(false)` has no room now (the rest of that service's wait), `None` nobody takes
     /// that service any more (its queue is dropped). Returns how many were taken.
     pub fn drain(&self, mut take: impl FnMut(u16, &Delivery) -> Option<bool>) -> usize {
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         let mut n = 0;
         let mut qs = self.queues.lock();
         for (id, q) in qs.iter_mut() {
@@ -100,10 +111,12 @@ impl McastInbox {
                         if let Some(Delivery::Data { data, .. }) = q.items.pop_front() {
                             q.bytes = q.bytes.saturating_sub(data.len());
                         }
+                        self.queued.fetch_sub(1, Ordering::AcqRel);
                         n += 1;
                     }
                     Some(false) => break,
                     None => {
+                        self.queued.fetch_sub(q.items.len(), Ordering::AcqRel);
                         q.items.clear();
                         q.bytes = 0;
                     }
