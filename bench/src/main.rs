@@ -14,6 +14,7 @@ mod measure;
 mod netbench;
 mod plot;
 mod procmem;
+mod repeats;
 mod rmem;
 mod route;
 mod sim;

@@ -2,11 +2,9 @@
 //! namespaces this tool creates, with kernel UDP and raw AF_XDP measured on the same link
 //! in the same run, each torusnet figure also given as a ratio to them.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::{json, Value};
 use torusnet_proto::wire::{HEADERS_LEN, MSG_HEADER_LEN};
@@ -14,6 +12,7 @@ use torusnet_proto::wire::{HEADERS_LEN, MSG_HEADER_LEN};
 use crate::baseline;
 use crate::measure::{Latency, Throughput};
 use crate::plot;
+use crate::repeats::{f, median_run, run_steps, Step};
 use crate::stack::{self, Overheads, Setup};
 
 /// Options shared by the single measurements.
@@ -501,9 +500,6 @@ fn rtt_hops_row(by_pollers: bool) -> String {
     format!("RTT over 2 forwarding hops, adaptive{how}")
 }
 
-/// One measurement of the suite: given a namespace tag, its JSON result.
-type Step = Box<dyn Fn(&str) -> Result<Value, String>>;
-
 /// The suite's rows, each a name and the run that measures it (`quick`: shorter runs and
 /// fewer sizes).
 fn suite_steps(quick: bool) -> Vec<(String, Step)> {
@@ -622,67 +618,15 @@ fn suite_steps(quick: bool) -> Vec<(String, Step)> {
     steps
 }
 
-/// Runs every row once, and the headline rows `HEADLINE_RUNS` times, interleaved; returns
-/// each row's runs.
-fn run_steps(steps: &[(String, Step)], started: std::time::Instant) -> Vec<Vec<Value>> {
-    let bar = ProgressBar::new(steps.len() as u64);
-    if std::io::stderr().is_terminal() {
-        bar.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-    } else {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    // This machine is noisy: the headline rows run HEADLINE_RUNS times, interleaved with
-    // each other (A B C D A B C D ...) so that a slow spell hits every row alike, and
-    // report the run with the median figure and the spread of all runs.
-    let mut runs: Vec<Vec<Value>> = vec![Vec::new(); steps.len()];
-    for round in 0..HEADLINE_RUNS {
-        for (k, (name, f)) in steps.iter().enumerate() {
-            if round > 0 && headline_key(name).is_none() {
-                continue;
-            }
-            bar.set_message(name.clone());
-            let mut v = f(&tag()).unwrap_or_else(|e| json!({"error": e}));
-            // A run whose own baselines are not sane is measured again, not quoted.
-            let mut insane = Vec::new();
-            while let Some(why) = insane_baseline(&v) {
-                insane.push(why);
-                if insane.len() > SANITY_RETRIES {
-                    v = json!({"error": format!("baselines failed their sanity check {} times", insane.len()), "insane": insane});
-                    break;
-                }
-                v = f(&tag()).unwrap_or_else(|e| json!({"error": e}));
-            }
-            if let (false, Some(o)) = (insane.is_empty(), v.as_object_mut()) {
-                o.entry("remeasured").or_insert(json!(insane));
-            }
-            if !std::io::stderr().is_terminal() {
-                eprintln!(
-                    "torus-bench suite: {name} done ({:.0} s)",
-                    started.elapsed().as_secs_f64()
-                );
-            }
-            runs[k].push(v);
-            if round == 0 {
-                bar.inc(1);
-            }
-        }
-    }
-    bar.finish_and_clear();
-    runs
-}
-
 /// `torus-bench suite`: the standard set, about 5-9 minutes here (headline rows run five
 /// times; a run whose own baselines fail their sanity check runs again).
 pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
     let steps = suite_steps(a.quick);
     let started = std::time::Instant::now();
-    let runs = run_steps(&steps, started);
+    let runs = run_steps(&steps, started, |n| headline_key(n).is_some(), tag);
     let mut results = serde_json::Map::new();
     for ((name, _), rs) in steps.iter().zip(runs) {
-        results.insert(name.clone(), median_run(name, rs));
+        results.insert(name.clone(), median_run(headline_key(name), rs));
     }
     let report = json!({
         "machine": machine(),
@@ -710,38 +654,6 @@ pub fn run_suite(a: &SuiteArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs of each headline row.
-const HEADLINE_RUNS: usize = 5;
-/// Times a run whose baselines fail their sanity check is measured again.
-const SANITY_RETRIES: usize = 2;
-
-/// How far raw AF_XDP may trail kernel UDP before a run's baselines count as insane: at
-/// 8-9 KB both are bound by the same copies and measure equal within noise (407,511 vs
-/// 408,524 messages/s in one run), which is not a stall.
-const SANITY_MARGIN: f64 = 0.9;
-
-/// Why a run's own baselines cannot be quoted, if they cannot: raw AF_XDP, which does less
-/// than the kernel's UDP, measured clearly slower than it (the machine stalled in that
-/// baseline's turn), makes every ratio to it meaningless.
-fn insane_baseline(v: &Value) -> Option<String> {
-    let raw_rate = f(v, &["raw_afxdp", "messages_per_s"]);
-    let udp_rate =
-        f(v, &["udp_busy_poll", "messages_per_s"]).max(f(v, &["udp_blocking", "messages_per_s"]));
-    if !raw_rate.is_nan() && !udp_rate.is_nan() && raw_rate < SANITY_MARGIN * udp_rate {
-        return Some(format!(
-            "raw AF_XDP {raw_rate:.0} messages/s below kernel UDP's {udp_rate:.0}"
-        ));
-    }
-    let raw_p50 = f(v, &["raw_afxdp", "p50"]);
-    let udp_p50 = f(v, &["udp_busy_poll", "p50"]);
-    if !raw_p50.is_nan() && !udp_p50.is_nan() && SANITY_MARGIN * raw_p50 > udp_p50 {
-        return Some(format!(
-            "raw AF_XDP p50 {raw_p50:.1} us above kernel UDP busy poll's {udp_p50:.1} us"
-        ));
-    }
-    None
-}
-
 /// The figure a headline row is judged by (and its median chosen on), for the rows that
 /// are repeated.
 fn headline_key(name: &str) -> Option<&'static [&'static str]> {
@@ -760,41 +672,6 @@ fn headline_key(name: &str) -> Option<&'static [&'static str]> {
         n if n.contains("forwarding hop(s)") => Some(&["torusnet", "goodput_gbps"]),
         _ => None,
     }
-}
-
-/// One row's result from its runs: the run with the median key figure, with every run's
-/// figure and the spread added; a failed run counts as failed and is listed, and the row
-/// fails only when every run failed.
-fn median_run(name: &str, mut runs: Vec<Value>) -> Value {
-    let Some(key) = headline_key(name) else {
-        return runs.pop().unwrap_or(Value::Null);
-    };
-    let errors: Vec<Value> = runs
-        .iter()
-        .filter_map(|r| r.get("error").cloned())
-        .collect();
-    let mut ok: Vec<(f64, Value)> = runs
-        .into_iter()
-        .filter_map(|r| {
-            let x = f(&r, key);
-            (!x.is_nan()).then_some((x, r))
-        })
-        .collect();
-    if ok.is_empty() {
-        return json!({"error": errors.first().cloned().unwrap_or_else(|| json!("no run produced the figure")), "failed_runs": errors});
-    }
-    ok.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let figures: Vec<f64> = ok.iter().map(|(x, _)| *x).collect();
-    let (lo, hi) = (figures[0], figures[figures.len() - 1]);
-    let mid = ok.len() / 2;
-    let mut v = ok.swap_remove(mid).1;
-    if let Some(o) = v.as_object_mut() {
-        o.insert(
-            "repeats".into(),
-            json!({"figure": key.join("."), "runs": figures, "min": lo, "max": hi, "failed_runs": errors}),
-        );
-    }
-    v
 }
 
 /// " (median of N runs, a..b)" for a repeated row, empty otherwise.
@@ -840,14 +717,6 @@ fn headline(title: &str, rows: &[(&str, &Value)], line: String) -> String {
         );
     }
     line
-}
-
-fn f(v: &Value, path: &[&str]) -> f64 {
-    let mut c = v;
-    for p in path {
-        c = &c[*p];
-    }
-    c.as_f64().unwrap_or(f64::NAN)
 }
 
 /// The suite's results as a Markdown summary: the headline ratios first.
@@ -1066,7 +935,7 @@ mod tests {
             json!({"goodput_over_raw": 0.5, "run": 2}),
             json!({"goodput_over_raw": 0.9, "run": 3}),
         ];
-        let v = median_run("9000 B reliable, MTU 9000", runs);
+        let v = median_run(headline_key("9000 B reliable, MTU 9000"), runs);
         assert_eq!(v["run"], 1);
         assert_eq!(v["repeats"]["min"], 0.5);
         assert_eq!(v["repeats"]["max"], 0.9);
@@ -1077,12 +946,15 @@ mod tests {
         assert_eq!(spread(&v, 2), " (median of 3 runs, 0.50-0.90, 1 failed)");
         // Every run failed: the row failed, with the reason.
         let v = median_run(
-            "RTT, 64 B short messages",
+            headline_key("RTT, 64 B short messages"),
             vec![json!({"error": "refused"}), json!({"error": "refused"})],
         );
         assert_eq!(v["error"], "refused");
         // Rows that are not headlines run once and are kept as they are.
-        let v = median_run("two-way, 64 KiB, MTU 9000", vec![json!({"x": 1})]);
+        let v = median_run(
+            headline_key("two-way, 64 KiB, MTU 9000"),
+            vec![json!({"x": 1})],
+        );
         assert_eq!(v, json!({"x": 1}));
     }
 

@@ -154,13 +154,22 @@ impl Names {
         self.directory.len()
     }
 
-    fn send_named(&mut self, now: Time, node: &mut dyn Engine, op: u8, id: u16, name: &str) {
+    /// Sends a registration (or its removal) to the name's root; false when it could not be
+    /// queued (it goes again at the next refresh).
+    fn send_named(
+        &mut self,
+        now: Time,
+        node: &mut dyn Engine,
+        op: u8,
+        id: u16,
+        name: &str,
+    ) -> bool {
         self.buf.clear();
         self.buf.push(op);
         self.buf.extend_from_slice(&id.to_le_bytes());
         self.buf.extend_from_slice(name.as_bytes());
-        // A registration that cannot be queued now is sent again at the next refresh.
-        let _ = node.send(now, Target::Key(name_key(name)), NAMES, &self.buf, rel());
+        node.send(now, Target::Key(name_key(name)), NAMES, &self.buf, rel())
+            .is_ok()
     }
 
     /// Registers every name of ours whose root is not the one last registered at (`all`:
@@ -170,9 +179,10 @@ impl Names {
         let mut n = 0;
         for m in &mut mine {
             let root = node.key_root(name_key(&m.name));
-            if all || root != m.root {
+            // A registration that could not be queued leaves the root unrecorded, so the next
+            // view change or refresh sends it again.
+            if (all || root != m.root) && self.send_named(now, node, b'G', m.id, &m.name) {
                 m.root = root;
-                self.send_named(now, node, b'G', m.id, &m.name);
                 n += 1;
             }
         }
@@ -356,7 +366,8 @@ impl Service for Names {
     ) -> Result<(), Request> {
         match *request.downcast::<NamesRequest>()? {
             NamesRequest::Register { name, id } => {
-                let root = node.key_root(name_key(&name));
+                let sent = self.send_named(now, node, b'G', id, &name);
+                let root = node.key_root(name_key(&name)).filter(|_| sent);
                 match self.mine.iter_mut().find(|m| m.name == name && m.id == id) {
                     Some(m) => m.root = root,
                     None => self.mine.push(Mine {
@@ -365,12 +376,12 @@ impl Service for Names {
                         root,
                     }),
                 }
-                self.send_named(now, node, b'G', id, &name);
                 self.next_refresh.get_or_insert(now + self.refresh);
             }
             NamesRequest::Unregister { name, id } => {
                 self.mine.retain(|m| !(m.name == name && m.id == id));
-                self.send_named(now, node, b'U', id, &name);
+                // A removal that cannot be queued leaves the entry to expire (3 refreshes).
+                let _ = self.send_named(now, node, b'U', id, &name);
             }
             NamesRequest::Lookup {
                 name,

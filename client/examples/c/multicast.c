@@ -50,7 +50,7 @@ static int send_file(const char *socket, const char *service, const char *path, 
     fclose(f);
     torus_addr group[64];
     if (n > 64)
-        n = 64;
+        return fail("at most 64 members in this example");
     for (int i = 0; i < n; i++) {
         unsigned x, y, z;
         if (sscanf(members[i], "%u,%u,%u", &x, &y, &z) != 3)

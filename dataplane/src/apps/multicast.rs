@@ -139,10 +139,11 @@ impl AppsHost {
         };
         let r = self.apps[i].region;
         let (_, txd_size) = r.txd();
-        let mut members = vec![0u8; e.data_len as usize];
-        let read = e.data_len == 0
-            || (u64::from(e.data_len) <= txd_size
-                && r.copy_out(r.txd(), e.data_pos % txd_size, &mut members));
+        // The length is the application's: bounded before anything is allocated for it.
+        let fits = u64::from(e.data_len) <= txd_size.min(8 << 16);
+        let mut members = vec![0u8; if fits { e.data_len as usize } else { 0 }];
+        let read =
+            e.data_len == 0 || (fits && r.copy_out(r.txd(), e.data_pos % txd_size, &mut members));
         let a = &mut self.apps[i];
         a.txd_done = a
             .txd_done

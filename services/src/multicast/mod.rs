@@ -73,6 +73,11 @@ const SETTLE: Duration = Duration::from_millis(150);
 const STALL: Duration = Duration::from_secs(1);
 /// A transfer nobody has touched for this long is forgotten (its End was lost).
 const IDLE: Duration = Duration::from_secs(120);
+/// Transfers a server takes part in at once (beyond: new ones are ignored, and counted).
+const MAX_TRANSFERS: usize = 64;
+/// How often a member waiting for its sink (no room, or the last bytes not yet read) asks
+/// it again.
+const SINK_RETRY: Duration = Duration::from_millis(1);
 /// How many ended transfers a server remembers (to ignore their late messages).
 const ENDED: usize = 1024;
 
@@ -153,6 +158,8 @@ pub struct McastStats {
     pub completed: u64,
     /// Transfers this server could not deliver as a member (no application for them).
     pub refused: u64,
+    /// New transfers ignored because this server takes part in as many as it may at once.
+    pub refused_transfers: u64,
     /// Times this server asked the root after a second without progress.
     pub asked: u64,
     /// `Start`s the root sent again to members that had not reported.
@@ -183,6 +190,8 @@ pub struct Multicast {
     window: u64,
     /// Where members deliver transfers for services (none: such transfers are refused).
     sinks: Option<Box<dyn Sinks>>,
+    /// When this service was last polled.
+    last_poll: Time,
     /// Counters.
     pub stats: McastStats,
 }
@@ -227,6 +236,7 @@ impl Multicast {
             ended: VecDeque::new(),
             window,
             sinks,
+            last_poll: Time::ZERO,
             stats: McastStats::default(),
         }
     }
@@ -250,8 +260,13 @@ impl Multicast {
                 || t.chunk > 1 << 20
                 || chunks > u64::from(u32::MAX)
                 || t.root == node.local()
+                || !node.dims().contains(t.root)
             {
                 self.stats.malformed += 1;
+                return false;
+            }
+            if self.xfers.len() >= MAX_TRANSFERS {
+                self.stats.refused_transfers += 1;
                 return false;
             }
             let trees = view_of(node).map(|v| Trees::build(&v, t.root));
@@ -271,7 +286,7 @@ impl Multicast {
             Msg::Start { t, member } => self.on_start(now, &t, member, node),
             Msg::Data { t, index, data } => self.on_data(now, &t, index, data, node),
             Msg::Have { t, tree, bits } => self.on_have(now, src, &t, tree, bits, node),
-            Msg::Want { t, from, bits } => self.on_want(src, &t, from, bits),
+            Msg::Want { t, from, bits } => self.on_want(src, &t, from, bits, node),
             Msg::Progress { id, delivered } => self.on_progress(src, id, delivered, node),
             Msg::Done { id, checksum } => {
                 let ok = |r: &RootState| checksum == r.sum;
@@ -495,6 +510,7 @@ impl Service for Multicast {
     }
 
     fn poll(&mut self, now: Time, node: &mut dyn Engine) -> usize {
+        self.last_poll = now;
         let mut work = 0;
         if self.rebuild_at.is_some_and(|t| now >= t) {
             self.rebuild_at = None;
@@ -567,11 +583,18 @@ impl Service for Multicast {
             .values()
             .filter_map(|x| match x.root() {
                 Some(r) => Some(r.deadline.min(r.polled + STALL)),
-                // A member waiting for its sink to hand on the last bytes asks it each poll.
-                None if x.is_member() && x.delivered == x.chunks() && !x.done_sent => {
-                    Some(Time::ZERO)
+                // A member waiting for its sink (room, or the last bytes read) asks it again
+                // shortly; the sink wakes nobody.
+                None if x.is_member()
+                    && ((x.delivered == x.chunks() && !x.done_sent)
+                        || x.held.contains_key(&x.delivered)) =>
+                {
+                    Some(self.last_poll + SINK_RETRY)
                 }
-                None if x.delivered < x.chunks() || x.missing > 0 => Some(x.stalled_at + STALL),
+                // A member missing its next chunk, or a relay missing chunks: the stall timer.
+                None if (x.is_member() && x.delivered < x.chunks()) || x.missing > 0 => {
+                    Some(x.stalled_at + STALL)
+                }
                 None => None,
             })
             .min();

@@ -153,7 +153,14 @@ impl RootState {
 impl Multicast {
     /// `Want`: a member lacks chunks of its window that its parents may no longer hold; the
     /// root sends them straight to it.
-    pub(super) fn on_want(&mut self, src: Coord, t: &Transfer, from: u32, bits: &[u8]) {
+    pub(super) fn on_want(
+        &mut self,
+        src: Coord,
+        t: &Transfer,
+        from: u32,
+        bits: &[u8],
+        node: &dyn Engine,
+    ) {
         let window = self.window_chunks(t.chunk);
         let Some(x) = self.xfers.get_mut(&t.id) else {
             return;
@@ -161,6 +168,14 @@ impl Multicast {
         if x.t != *t || x.root().is_none() {
             self.stats.malformed += 1;
             return;
+        }
+        // A Want also says how far the member got: its Progress may have been lost, and a
+        // window held back by a lost report would never move again.
+        if let Some(r) = x.root_mut() {
+            if r.members.contains(&src) {
+                let p = r.progress.entry(src).or_insert(0);
+                *p = (*p).max(from);
+            }
         }
         let n = (bits.len() as u64 * 8).min(u64::from(window)) as u32;
         for j in 0..n {
@@ -170,6 +185,7 @@ impl Multicast {
                 self.stats.repaired += 1;
             }
         }
+        self.release(t.id, node);
     }
 
     /// `Progress`: a member delivered `delivered` chunks in order; the window may move.
@@ -214,10 +230,12 @@ impl Multicast {
                 .send(json!({"error": format!("size {size}: 1 byte to {MAX_SIZE}")}));
             return;
         }
-        let members: Vec<Coord> = match &req.group {
+        let mut members: Vec<Coord> = match &req.group {
             Some(g) => g.iter().copied().filter(|c| *c != me).collect(),
             None => node.dims().coords().filter(|c| *c != me).collect(),
         };
+        members.sort_unstable_by_key(|c| c.to_array());
+        members.dedup();
         if let Some(bad) = members.iter().find(|c| !node.dims().contains(**c)) {
             let _ = req
                 .reply
@@ -354,6 +372,15 @@ impl Multicast {
                     let msg = Msg::Start { t, member: true };
                     self.ctl.push_back((*m, msg.encode()));
                     self.stats.repolled += 1;
+                }
+            }
+            // Relays too: one that missed its Start (unreachable when the transfer began, or
+            // the message lost) keeps what it receives until it knows it only relays.
+            let me = node.local();
+            for c in node.dims().coords() {
+                if c != me && node.is_reachable(c) && !r.members.contains(&c) {
+                    let msg = Msg::Start { t, member: false };
+                    self.ctl.push_back((c, msg.encode()));
                 }
             }
         }

@@ -490,3 +490,45 @@ fn a_member_repairs_from_the_root_what_its_parents_no_longer_hold() {
         assert!(s.stats.held_max <= 2 * window, "{:?}", s.stats);
     }
 }
+
+#[test]
+fn lost_progress_reports_and_a_relay_without_its_start_cost_seconds_not_the_transfer() {
+    let dims = Dims::new(3, 3, 3).unwrap();
+    let window = 16 * 4096;
+    let mut net = Net::new(dims, |_| Multicast::new(window, None));
+    let root = Coord::new(0, 0, 0);
+    let relay = Coord::new(1, 0, 0);
+    // The first 60 progress reports are lost (two or three per member: without them the
+    // window would never move), and so is the relay's first Start.
+    let mut relay_started = false;
+    let mut progress_lost = 0;
+    net.lose = Some(Box::new(move |_src, dst, b: &[u8]| match b.first() {
+        Some(6) if progress_lost < 60 => {
+            progress_lost += 1;
+            true
+        }
+        Some(1) if dst == relay && !relay_started => {
+            relay_started = true;
+            true
+        }
+        _ => false,
+    }));
+    let data = Arc::new(generate(1_000_000, 21));
+    let group: Vec<Coord> = dims.coords().filter(|c| *c != relay).collect();
+    let rx = start(&mut net, root, &data, Some(group));
+    net.run(Time::from_nanos(60_000_000_000));
+    let v = rx.try_recv().expect("a result");
+    assert!(v.get("error").is_none(), "{v}");
+    assert_eq!(v["completed"], 25, "{v}");
+    assert!(v["checksum_mismatch"].as_array().is_some_and(Vec::is_empty));
+    // The window moved on the members' Wants, and the relay let go of what it forwarded
+    // once it learnt it only relays.
+    for (i, s) in net.svc.iter().enumerate() {
+        assert!(
+            s.stats.held_max <= 2 * window,
+            "{}: {:?}",
+            dims.coord(i),
+            s.stats
+        );
+    }
+}
