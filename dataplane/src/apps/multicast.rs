@@ -21,7 +21,7 @@ use torusnet_services::multicast::{MulticastRequest, Sink, Sinks, Source, MCAST}
 
 use super::host::{bump, pack, AppsHost};
 use crate::rmem::memory::{Memory, PoolMemory};
-use crate::shared::{Command, Delivery, Shared};
+use crate::shared::{Command, Delivery, Flushed, Shared};
 
 /// Multicasts one application may have running at once.
 const MAX_RUNNING: usize = 64;
@@ -70,8 +70,16 @@ impl Sink for AppSink {
     }
 
     fn flushed(&mut self, t: &Transfer) -> Result<bool, String> {
-        self.present(t)?;
-        Ok(!self.shared.apps.multicast.pending(t.service, t.id))
+        // Everything in its channel, the end too: complete, even if it left since (a
+        // receiver may detach as soon as it has read the end).
+        match self.shared.apps.multicast.flushed(t.service, t.id) {
+            Flushed::All => Ok(true),
+            Flushed::Waiting => self.present(t).map(|()| false),
+            Flushed::Dropped => Err(format!(
+                "the application of service {} left before it had every byte",
+                t.service
+            )),
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! applications' host has not written into their channels yet: a bounded queue per service.
 //! The multicast service fills it (`crate::apps::multicast`'s sinks), the host empties it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
@@ -10,6 +10,8 @@ use torusnet_services::multicast::wire::Transfer;
 
 /// Bytes one service's queue holds at most (what its application has not read yet).
 const INBOX_BYTES: usize = 4 << 20;
+/// Transfers remembered as dropped (their application left) until their member asks.
+const MAX_DROPPED: usize = 1024;
 
 /// One thing for an application: bytes of a transfer, or its end.
 #[derive(Debug)]
@@ -38,10 +40,23 @@ struct Queue {
     bytes: usize,
 }
 
+/// Where a transfer's deliveries to an application stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flushed {
+    /// Every one reached the application's channel.
+    All,
+    /// Some still wait in the queue.
+    Waiting,
+    /// Some were dropped: the application left.
+    Dropped,
+}
+
 /// The queues, by service id.
 #[derive(Debug, Default)]
 pub struct McastInbox {
     queues: Mutex<HashMap<u16, Queue>>,
+    /// Transfers whose queued deliveries were dropped because their application left.
+    dropped: Mutex<HashSet<u64>>,
     /// Deliveries queued, over every service: the host's every turn looks here first, and
     /// takes the lock only when something waits.
     queued: AtomicUsize,
@@ -76,13 +91,22 @@ impl McastInbox {
         self.queued.fetch_add(1, Ordering::Release);
     }
 
-    /// Whether anything of transfer `id` waits for service `service`.
-    pub fn pending(&self, service: u16, id: u64) -> bool {
-        self.queues.lock().get(&service).is_some_and(|q| {
+    /// Where transfer `id`'s deliveries to service `service` stand (`Dropped` is answered
+    /// once).
+    pub fn flushed(&self, service: u16, id: u64) -> Flushed {
+        if self.dropped.lock().remove(&id) {
+            return Flushed::Dropped;
+        }
+        let waiting = self.queues.lock().get(&service).is_some_and(|q| {
             q.items.iter().any(|d| match d {
                 Delivery::Data { t, .. } | Delivery::End { t, .. } => t.id == id,
             })
-        })
+        });
+        if waiting {
+            Flushed::Waiting
+        } else {
+            Flushed::All
+        }
     }
 
     /// Whether anything waits for service `id`.
@@ -117,7 +141,13 @@ impl McastInbox {
                     Some(false) => break,
                     None => {
                         self.queued.fetch_sub(q.items.len(), Ordering::AcqRel);
-                        q.items.clear();
+                        let mut dropped = self.dropped.lock();
+                        for d in q.items.drain(..) {
+                            if dropped.len() < MAX_DROPPED {
+                                let (Delivery::Data { t, .. } | Delivery::End { t, .. }) = d;
+                                dropped.insert(t.id);
+                            }
+                        }
                         q.bytes = 0;
                     }
                 }

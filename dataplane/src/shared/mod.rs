@@ -22,7 +22,7 @@ use torusnet_proto::topology::{Coord, Dims, Dir};
 pub use apps::{AppCounters, AppInfo, AppsRegistry, NewApp};
 pub use command::{Command, Handoff, HandoffCounts};
 pub use inbox::ServiceInbox;
-pub use mcast_inbox::{Delivery, McastInbox};
+pub use mcast_inbox::{Delivery, Flushed, McastInbox};
 pub use shard::ShardShared;
 
 use crate::config::Polling;
