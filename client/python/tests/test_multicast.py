@@ -61,6 +61,17 @@ def torus():
                        stdout=subprocess.DEVNULL)
 
 
+def c_example(tmp_path):
+    """client/examples/c/multicast.c, compiled against the library."""
+    exe = str(tmp_path / "multicast")
+    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-I",
+                    os.path.join(ROOT, "client", "include"),
+                    os.path.join(ROOT, "client", "examples", "c", "multicast.c"),
+                    "-L", os.path.join(ROOT, "target", "release"), "-ltorusnet_client",
+                    "-o", exe], check=True)
+    return exe
+
+
 def receive_all(c, out):
     """A Python member: the bytes in order, then the end."""
     got = bytearray()
@@ -77,12 +88,7 @@ def receive_all(c, out):
 
 def test_python_multicasts_to_python_and_c_members_and_hears_of_each(torus, tmp_path):
     data = os.urandom(6_000_000)
-    exe = str(tmp_path / "multicast")
-    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-I",
-                    os.path.join(ROOT, "client", "include"),
-                    os.path.join(ROOT, "client", "examples", "c", "multicast.c"),
-                    "-L", os.path.join(ROOT, "target", "release"), "-ltorusnet_client",
-                    "-o", exe], check=True)
+    exe = c_example(tmp_path)
     out_file = str(tmp_path / "c-member")
     c_member = subprocess.Popen([exe, "receive", sock("2-2-0"), SERVICE, out_file],
                                 stdout=subprocess.PIPE, text=True, env=ENV)
@@ -133,12 +139,7 @@ def test_c_multicasts_a_file_to_python_members(torus, tmp_path):
     data = os.urandom(3_000_000)
     src = tmp_path / "source"
     src.write_bytes(data)
-    exe = str(tmp_path / "multicast")
-    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-I",
-                    os.path.join(ROOT, "client", "include"),
-                    os.path.join(ROOT, "client", "examples", "c", "multicast.c"),
-                    "-L", os.path.join(ROOT, "target", "release"), "-ltorusnet_client",
-                    "-o", exe], check=True)
+    exe = c_example(tmp_path)
     members = {"2,0,0": "2-0-0", "0,1,0": "0-1-0"}
     clients = {m: torusnet.Client(sock(s), SERVICE) for m, s in members.items()}
     results = {m: [] for m in members}
